@@ -1,0 +1,127 @@
+"""Configs owned by the data library: tokenizer, sources, the demo world and phase blends.
+
+Paths that start with `@world/` point into the demo world that `stagewise data prepare`
+generates under the recipe's workdir; other relative paths are resolved against the
+directory of the recipe file that named them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+WORLD_PREFIX = "@world/"
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+
+
+class TokenizerConfig(_Config):
+    """The tokenizer: an existing HF tokenizer directory, or a byte-level BPE trained on the sources."""
+
+    path: str | None = None
+    """An existing HF tokenizer directory; when unset a byte-level BPE is trained."""
+    vocab_size: int = Field(4096, ge=300)
+    """Vocabulary size of the trained BPE (special tokens included)."""
+    train_sources: list[str] | None = None
+    """Source names to train the BPE on (default: all sources)."""
+    max_train_chars: int = Field(20_000_000, gt=0)
+    """Stop feeding the trainer after this many characters (keeps prepare fast)."""
+
+
+class WorldConfig(_Config):
+    """The demo world: text made on the spot, deterministically from the recipe's seed."""
+
+    stdlib_files: int = Field(200, ge=0)
+    """Python standard-library modules whose docstrings and source become documents."""
+    facts: int = Field(3000, ge=0)
+    """Synthetic encyclopedic fact documents."""
+    arithmetic: int = Field(3000, ge=0)
+    """Arithmetic problems with worked steps."""
+    retrieval: int = Field(500, ge=0)
+    """Key-value retrieval documents (for long context)."""
+    noisy: int = Field(2000, ge=0)
+    """Low-quality variants (shuffled words, repetition, junk) so quality tiers mean something."""
+
+
+class SourceConfig(_Config):
+    """One pretraining source."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Name used by blends, logs and metrics."""
+    path: str
+    """File (or directory of files) to read; `@world/<name>.jsonl` for the demo world."""
+    format: Literal["jsonl", "parquet", "txt"] | None = None
+    """File format; inferred from the suffix when unset."""
+    text_field: str = "text"
+    """Field holding the text in jsonl/parquet rows."""
+    quality: Literal["high", "medium", "low"] = "medium"
+    """Estimated quality tier (informs blends; reported)."""
+    max_epochs: float = Field(4.0, gt=0)
+    """Never read this source more than this many times over the whole run."""
+
+    @model_validator(mode="after")
+    def _infer_format(self) -> "SourceConfig":
+        if self.format is None:
+            suffix = Path(self.path).suffix.lstrip(".")
+            if suffix not in ("jsonl", "parquet", "txt"):
+                raise ValueError(f"cannot infer format from {self.path!r}; set format: jsonl|parquet|txt")
+            self.format = suffix  # type: ignore[assignment]
+        return self
+
+
+class DataConfig(_Config):
+    """Where the pretraining text comes from and how it is split."""
+
+    sources: list[SourceConfig] = Field(min_length=1)
+    """The sources; names must be unique."""
+    world: WorldConfig | None = None
+    """Generate the demo world under the workdir (needed by `@world/` paths)."""
+    validation_fraction: float = Field(0.02, ge=0, lt=0.5)
+    """Fraction of each source's documents held out (by document hash) for validation loss."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> "DataConfig":
+        names = [s.name for s in self.sources]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate source names: {', '.join(dup)}")
+        if self.world is None and any(s.path.startswith(WORLD_PREFIX) for s in self.sources):
+            raise ValueError(f"sources use {WORLD_PREFIX} paths but no `world` block is set")
+        return self
+
+
+class PhaseConfig(_Config):
+    """One phase of a curriculum: a blend of sources until a fraction of the stage's tokens."""
+
+    name: str
+    """Phase name used in logs (e.g. diversity, quality)."""
+    until: float = Field(1.0, gt=0, le=1)
+    """The phase ends at this fraction of the stage's tokens (the last phase must end at 1.0)."""
+    blend: dict[str, float]
+    """Relative weight per source name (normalised to sum to 1)."""
+
+    @model_validator(mode="after")
+    def _weights(self) -> "PhaseConfig":
+        bad = {k: v for k, v in self.blend.items() if v < 0}
+        if bad:
+            raise ValueError(f"blend weights must be >= 0, got {bad}")
+        if sum(self.blend.values()) <= 0:
+            raise ValueError("blend weights must not all be zero")
+        return self
+
+
+def check_phases(phases: list[PhaseConfig], source_names: list[str]) -> None:
+    """Phases must be ordered, end at 1.0 and name only known sources (raises ValueError)."""
+    ends = [p.until for p in phases]
+    if ends != sorted(ends) or len(set(ends)) != len(ends):
+        raise ValueError(f"phase `until` values must increase, got {ends}")
+    if ends[-1] != 1.0:
+        raise ValueError(f"the last phase must end at until: 1.0, got {ends[-1]}")
+    for p in phases:
+        unknown = sorted(set(p.blend) - set(source_names))
+        if unknown:
+            raise ValueError(f"phase {p.name!r} names unknown sources {unknown}; known: {sorted(source_names)}")
