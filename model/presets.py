@@ -1,0 +1,111 @@
+"""Named NemotronH shapes: the `preset:` a recipe picks.
+
+Two hand-made shapes for CPU work (`tiny` for the demo and tests, `small` for a longer
+local run) and the published shapes, read from `model/presets/<name>.json` (file stem =
+preset name). Each JSON holds the NemotronHConfig kwargs under `config` and, under
+`_about`, where the shape comes from and its exact parameter count (the tests check it).
+
+A preset is plain NemotronHConfig kwargs. `vocab_size: None` means "take the tokenizer's
+vocabulary" (build.py fills it in). Every preset sets `max_position_embeddings` and
+`n_routed_experts` explicitly because NemotronHConfig's defaults (4096, 8) silently win
+otherwise (STACK-NOTES.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+# ~2M parameters at a 4k vocabulary: every layer type once or twice, so the demo and the
+# tests exercise Mamba-2, attention, MLP and MoE (8 routed experts, top-2, one shared).
+_TINY: dict[str, Any] = {
+    "vocab_size": None,
+    "hidden_size": 128,
+    "hybrid_override_pattern": "M*EM-E",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 512,
+    "mlp_hidden_act": "relu2",
+    "ssm_state_size": 32,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 32,
+    "n_groups": 2,
+    "conv_kernel": 4,
+    "expand": 2,
+    # Short demo sequences (256-1024 tokens): a small chunk keeps the PyTorch SSD path cheap.
+    "chunk_size": 64,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 128,
+    "moe_shared_expert_intermediate_size": 256,
+    "num_experts_per_tok": 2,
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": True,
+    "n_group": 1,
+    "topk_group": 1,
+    "tie_word_embeddings": False,
+    # No RoPE in NemotronH: this is only the advertised context (generation, lm-eval).
+    "max_position_embeddings": 16384,
+    "use_conv_bias": True,
+    "mamba_proj_bias": False,
+    "use_bias": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+
+# ~34M parameters (~17M active) at a 4k vocabulary, Nano-like layout (Mamba/MoE alternating, a few
+# attention layers, 16 routed experts top-2).
+_SMALL: dict[str, Any] = {
+    **_TINY,
+    "hidden_size": 384,
+    "hybrid_override_pattern": "MEM*EMEM-MEM*EME",
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "intermediate_size": 1536,
+    "ssm_state_size": 64,
+    "mamba_num_heads": 12,
+    "mamba_head_dim": 64,
+    "n_groups": 4,
+    "chunk_size": 128,
+    "n_routed_experts": 16,
+    "moe_intermediate_size": 256,
+    "moe_shared_expert_intermediate_size": 512,
+    "num_experts_per_tok": 2,
+    "routed_scaling_factor": 2.0,
+    "max_position_embeddings": 32768,
+}
+
+_BUILTIN = {"tiny": _TINY, "small": _SMALL}
+
+
+@cache
+def _published() -> dict[str, dict[str, Any]]:
+    """{name: {"config": ..., "_about": ...}} for every JSON under model/presets/."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(PRESET_DIR.glob("*.json"))}
+
+
+def preset_names() -> list[str]:
+    """All preset names: the built-in ones first, then the published shapes (sorted)."""
+    return [*_BUILTIN, *_published()]
+
+
+def preset_kwargs(name: str) -> dict[str, Any]:
+    """A fresh copy of the NemotronHConfig kwargs of preset `name` (ValueError if unknown)."""
+    if name in _BUILTIN:
+        return copy.deepcopy(_BUILTIN[name])
+    if name in _published():
+        return copy.deepcopy(_published()[name]["config"])
+    raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(preset_names())}")
+
+
+def preset_about(name: str) -> dict[str, Any]:
+    """The `_about` block of a published preset (source, exact total_params); {} for built-ins."""
+    preset_kwargs(name)  # validates the name
+    return copy.deepcopy(_published().get(name, {}).get("_about", {}))
