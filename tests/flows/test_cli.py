@@ -1,0 +1,227 @@
+"""The `stagewise` CLI: help texts, exit codes, JSON output, and the calls it makes.
+
+The pipeline and data preparation are replaced by fakes where the test is about the CLI
+(what it passes, how it reports); inspect and a tiny `data prepare` run for real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+runner = CliRunner()
+
+SMALL = """\
+name: small-cli
+workdir: {workdir}
+tokenizer: {{vocab_size: 300}}
+data:
+  world: {{facts: 40, arithmetic: 40, stdlib_files: 0, retrieval: 0, noisy: 20}}
+  sources:
+    - {{name: facts, path: "@world/facts.jsonl", quality: high}}
+    - {{name: arithmetic, path: "@world/arithmetic.jsonl"}}
+    - {{name: noisy, path: "@world/noisy.jsonl", quality: low}}
+stages:
+  pretrain:
+    tokens: 8192
+    seq_length: 32
+    global_batch: 4
+    micro_batch: 2
+    phases:
+      - {{name: diversity, until: 0.5, blend: {{facts: 1, arithmetic: 1, noisy: 1}}}}
+      - {{name: quality, until: 1.0, blend: {{facts: 1}}}}
+"""
+
+
+def small_recipe(tmp_path: Path) -> Path:
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL.format(workdir=tmp_path / "work"))
+    return path
+
+
+def invoke(*args: str, **kw):
+    return runner.invoke(app, list(args), **kw)
+
+
+@pytest.fixture
+def fake_pipeline(monkeypatch):
+    """Replace flows.pipeline with a recorder (no Prefect, no training)."""
+    calls = []
+    module = types.ModuleType("flows.pipeline")
+
+    def run_pipeline(loaded, stages=None, resume=False):
+        calls.append((loaded, stages, resume))
+        print("progress chatter from the libraries")
+        if loaded.recipe.seed == 666:
+            raise RuntimeError("the loss went to NaN at step 3")
+        return {"recipe": loaded.recipe.name, "workdir": "/w", "tracking_uri": "sqlite:////w/mlflow.db",
+                "experiment": loaded.recipe.name, "stages": [{"stage": "pretrain", "checkpoint": "/w/ckpt"}]}
+
+    module.run_pipeline = run_pipeline
+    monkeypatch.setitem(sys.modules, "flows.pipeline", module)
+    return calls
+
+
+# --------------------------------------------------------------------------- help
+
+def test_help_lists_commands():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("run", "demo", "inspect", "data", "recipe"):
+        assert f"  {command} " in result.output
+
+
+@pytest.mark.parametrize("command", [["run"], ["demo"], ["inspect"], ["data", "prepare"], ["recipe", "show"], ["recipe", "schema"]])
+def test_every_command_help_has_an_example(command):
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0 and re.search(r"Example:\n\s+stagewise ", result.output)
+
+
+def test_help_does_not_import_heavy_libraries():
+    import subprocess
+
+    code = ("import sys; from flows.cli import app; from typer.testing import CliRunner; "
+            "CliRunner().invoke(app, ['--help']); "
+            "print(sorted(m for m in ('torch', 'transformers', 'prefect', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=RECIPES.parent).stdout
+    assert out.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- recipe show / schema
+
+def test_recipe_show_prints_resolved_yaml():
+    result = invoke("recipe", "show", str(RECIPES / "nemotron-3-nano-4b.yaml"), "--set", "seed=7")
+    assert result.exit_code == 0, result.output
+    assert "name: nemotron-3-nano-4b" in result.output and "seed: 7" in result.output
+    assert "recipe hash " in result.output.splitlines()[0]
+
+
+def test_recipe_show_json():
+    result = invoke("recipe", "show", str(RECIPES / "tiny.yaml"), "--json")
+    data = json.loads(result.stdout)
+    assert data["recipe"]["stages"]["pretrain"]["seq_length"] == 256 and len(data["hash"]) == 16
+
+
+def test_recipe_schema_is_json_schema():
+    schema = json.loads(invoke("recipe", "schema").stdout)
+    assert {"name", "data", "stages", "base"} <= set(schema["properties"])
+
+
+def test_bad_recipe_exits_2_with_the_message_and_no_traceback(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bad = small_recipe(tmp_path)
+    bad.write_text(bad.read_text().replace("micro_batch: 2", "micro_batch: 0"))
+    result = invoke("recipe", "show", "small.yaml")
+    assert result.exit_code == 2
+    assert "error: invalid recipe small.yaml (1 problem):" in result.output
+    assert "stages.pretrain.micro_batch: must be > 0 (small.yaml:15)" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_missing_file_and_bad_option_exit_2(tmp_path):
+    result = invoke("recipe", "show", str(tmp_path / "nope.yaml"))
+    assert result.exit_code == 2 and "recipe file not found" in result.output
+    assert invoke("recipe", "show", "--no-such-option").exit_code == 2
+
+
+def test_bad_recipe_with_json_reports_json():
+    result = invoke("recipe", "show", str(RECIPES / "tiny.yaml"), "--set", "stages.pretrain.tokens=0", "--json")
+    data = json.loads(result.stdout)
+    assert result.exit_code == 2 and data["exit_code"] == 2 and "stages.pretrain.tokens: must be > 0" in data["error"]
+
+
+# --------------------------------------------------------------------------- run / demo
+
+def test_run_passes_the_loaded_recipe_and_stages(fake_pipeline, tmp_path):
+    recipe = small_recipe(tmp_path)
+    result = invoke("run", str(recipe), "--stages", "pretrain", "--resume", "--set", "seed=3", "--json")
+    assert result.exit_code == 0, result.output
+    (loaded, stages, resume), = fake_pipeline
+    assert loaded.recipe.seed == 3 and loaded.path == recipe.resolve() and stages == ["pretrain"] and resume
+    assert json.loads(result.stdout)["stages"][0]["checkpoint"] == "/w/ckpt"  # stdout is only the JSON
+    assert "progress chatter" in result.stderr
+
+
+def test_run_rejects_unknown_and_future_stages_before_running(fake_pipeline, tmp_path):
+    result = invoke("run", str(small_recipe(tmp_path)), "--stages", "pretrain,sft")
+    assert result.exit_code == 2 and "'sft' is not available yet" in result.output
+    assert fake_pipeline == []
+
+
+def test_run_failure_exits_1_traceback_only_with_debug(fake_pipeline, tmp_path):
+    recipe = str(small_recipe(tmp_path))
+    result = invoke("run", recipe, "--set", "seed=666")
+    assert result.exit_code == 1
+    assert "RuntimeError: the loss went to NaN at step 3" in result.output and "Traceback" not in result.output
+    result = invoke("run", recipe, "--set", "seed=666", "--debug")
+    assert result.exit_code == 1 and "Traceback" in result.output
+    result = invoke("run", recipe, "--set", "seed=666", env={"STAGEWISE_DEBUG": "1"})
+    assert "Traceback" in result.output
+
+
+def test_demo_runs_the_shipped_tiny_recipe_and_says_where(fake_pipeline):
+    result = invoke("demo")
+    assert result.exit_code == 0, result.output
+    (loaded, stages, _), = fake_pipeline
+    assert loaded.path == (RECIPES / "tiny.yaml").resolve() and stages is None
+    assert "mlflow ui --backend-store-uri sqlite:////w/mlflow.db" in result.output
+
+
+# --------------------------------------------------------------------------- data prepare
+
+def test_data_prepare_calls_prepare_data(monkeypatch, tmp_path):
+    calls = []
+    module = types.ModuleType("data.prepare")
+
+    def prepare_data(data, tokenizer, workdir, seed, base_dir, progress=True):
+        calls.append((data, tokenizer, workdir, seed, base_dir))
+        shards = types.SimpleNamespace(train_tokens=100, val_tokens=5, docs=3)
+        return types.SimpleNamespace(root=workdir / "data" / "x", tokenizer_dir=workdir / "tok", digest="d",
+                                     reused=False, sources={"facts": shards})
+
+    module.prepare_data = prepare_data
+    monkeypatch.setitem(sys.modules, "data.prepare", module)
+    recipe = small_recipe(tmp_path)
+    result = invoke("data", "prepare", str(recipe), "--set", "seed=9")
+    assert result.exit_code == 0, result.output
+    (data, tokenizer, workdir, seed, base_dir), = calls
+    assert seed == 9 and workdir == tmp_path / "work" and base_dir == tmp_path and tokenizer.vocab_size == 300
+    assert "facts" in result.output and "100 train tokens" in result.output
+
+
+def test_data_prepare_for_real(tmp_path):
+    result = invoke("data", "prepare", str(small_recipe(tmp_path)), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["sources"]) == {"facts", "arithmetic", "noisy"}
+    assert all(s["train_tokens"] > 0 for s in report["sources"].values())
+    assert Path(report["tokenizer_dir"]).is_dir()
+
+
+# --------------------------------------------------------------------------- inspect
+
+def test_inspect_presets_and_a_recipe():
+    result = invoke("inspect", "--presets", "--json")
+    assert "tiny" in json.loads(result.stdout) and "nemotron-3-nano-4b" in json.loads(result.stdout)
+    result = invoke("inspect", str(RECIPES / "tiny.yaml"), "--json", "--seq-length", "128")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert 1_000_000 < report["total_params"] < 3_000_000 and report["vocab_size"] == 4096
+    assert report["memory"]["seq_length"] == 128 and report["memory"]["micro_batch"] == 8
+
+
+def test_inspect_bad_targets_exit_2(tmp_path):
+    assert invoke("inspect", "--preset", "nope").exit_code == 2
+    result = invoke("inspect", str(tmp_path))
+    assert result.exit_code == 2 and "not a checkpoint (no config.json)" in result.output
+    assert invoke("inspect").exit_code == 2
