@@ -31,7 +31,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-data_app = typer.Typer(help="Data commands: prepare a recipe's tokenizer and token shards.", no_args_is_help=True)
+data_app = typer.Typer(help="Data commands: prepare a recipe's tokenizer and token shards; curate and pack SFT conversations.", no_args_is_help=True)
 recipe_app = typer.Typer(help="Recipe commands: show a resolved recipe, print the JSON schema.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(recipe_app, name="recipe")
@@ -255,6 +255,130 @@ def data_prepare(
     _emit(prepared, as_json, text)
 
 
+def _curate_config(path: Optional[Path]):
+    """CurateConfig from a YAML file (its fields at the top level), or the defaults."""
+    from pydantic import ValidationError
+
+    from data.sft_config import CurateConfig
+
+    if path is None:
+        return CurateConfig()
+    if not path.is_file():
+        raise BadInput(f"config file not found: {path}")
+    import yaml
+
+    try:
+        return CurateConfig.model_validate(yaml.safe_load(path.read_text()) or {})
+    except (ValidationError, yaml.YAMLError) as e:
+        raise BadInput(f"{path}: {e}") from e
+
+
+@data_app.command("curate")
+@_guarded
+def data_curate(
+    source: Path = typer.Argument(..., help="Conversations, one JSON object per line (OpenAI messages format).", show_default=False),
+    out: Path = typer.Option(..., "--out", help="Directory for <name>.jsonl (kept), <name>.rejects.jsonl and <name>.report.json."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML with CurateConfig fields (thresholds, dedup, limits)."),
+    max_reject_rate: Optional[float] = typer.Option(None, "--max-reject-rate", min=0.0, max=1.0, help="Override the config's max_reject_rate."),
+    as_json: bool = JsonOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Curate SFT conversations: structural checks, repetition filters, exact and MinHash dedup, length limits.
+
+    Every rejected line goes to the rejects file with its line number and reason. A source
+    rejecting more than max_reject_rate of its lines is an error (exit 2).
+
+    \b
+    Example:
+      stagewise data curate runs/tiny/world/sft_dirty.jsonl --out runs/tiny/curated --json
+    """
+    from data.curate import CurationError, curate
+
+    if not source.is_file():
+        raise BadInput(f"not found: {source}")
+    cfg = _curate_config(config)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        report = curate(source, cfg, out / f"{source.stem}.rejects.jsonl", max_reject_rate=max_reject_rate)
+    except CurationError as e:
+        raise BadInput(str(e)) from e
+    kept_path = out / f"{source.stem}.jsonl"
+    kept_path.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in report.kept), encoding="utf-8")
+    summary = {**report.to_dict(), "kept_path": str(kept_path)}
+    (out / f"{source.stem}.report.json").write_text(json.dumps(summary, indent=2))
+
+    def text() -> None:
+        typer.echo(f"{source}: kept {summary['kept']} of {summary['total']} -> {kept_path}")
+        for reason, n in summary["rejected"].items():
+            typer.echo(f"  rejected {n:>6}  {reason}")
+
+    _emit(summary, as_json, text)
+
+
+def _read_conversations(path: Path) -> list[dict]:
+    """Curated conversations; a line that is not a well-formed conversation is bad input."""
+    from data.curate.structural import Rejected, check_structure, parse_line
+
+    convs = []
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                conv = parse_line(line)
+                check_structure(conv)
+            except Rejected as r:
+                raise BadInput(f"{path}:{lineno}: {r} (curate it first: stagewise data curate)") from None
+            convs.append(conv)
+    return convs
+
+
+@data_app.command("pack")
+@_guarded
+def data_pack(
+    source: Path = typer.Argument(..., help="Curated conversations (JSONL).", show_default=False),
+    tokenizer: Path = typer.Option(..., "--tokenizer", help="Tokenizer directory (the chat template is added when missing)."),
+    pack_size: int = typer.Option(..., "--pack-size", min=1, help="Tokens per pack (training sequence length)."),
+    reasoning_off: float = typer.Option(0.0, "--reasoning-off-fraction", min=0.0, max=1.0, help="Fraction rendered with reasoning off."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the reasoning-off choice."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the packed rows here (.npz)."),
+    as_json: bool = JsonOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Render conversations with the chat template and best-fit-decreasing pack them.
+
+    Reports packs, efficiency (packed tokens / pack capacity), conversations dropped for
+    being longer than a pack, and supervised (assistant) tokens.
+
+    \b
+    Example:
+      stagewise data pack runs/tiny/curated/sft_arithmetic.jsonl --tokenizer runs/tiny/data/<hash>/tokenizer --pack-size 1024 --json
+    """
+    if not source.is_file():
+        raise BadInput(f"not found: {source}")
+    if not (tokenizer.is_dir() and any(tokenizer.glob("tokenizer*.json"))):
+        raise BadInput(f"{tokenizer} is not a tokenizer directory")
+    from data.chat import install_chat_template
+    from data.sft_config import PackingConfig
+    from data.sft_data import pack_conversations, save_packed
+    from data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    if not getattr(tok, "chat_template", None):
+        install_chat_template(tok)
+    packed = pack_conversations(_read_conversations(source), tok, PackingConfig(pack_size=pack_size), reasoning_off, seed)
+    summary = packed.to_dict()
+    if out is not None:
+        summary["out"] = str(save_packed(out, packed.rows))
+
+    def text() -> None:
+        typer.echo(f"{summary['conversations']} conversations -> {summary['packs']} packs of {pack_size} tokens, "
+                   f"efficiency {summary['efficiency']:.2%}, dropped {summary['dropped']}, "
+                   f"supervised tokens {summary['supervised_tokens']:,}")
+
+    _emit(summary, as_json, text)
+
+
 # --------------------------------------------------------------------------- inspect
 
 def _inspect_target(target: Optional[Path], preset: Optional[str], overrides: list[str]):
@@ -369,6 +493,232 @@ def recipe_schema() -> None:
     schema = Recipe.model_json_schema(by_alias=True)
     schema["properties"]["base"] = {"type": "string", "description": "Inherit from this recipe file (relative path); mappings merge, lists are replaced."}
     typer.echo(json.dumps(schema, indent=2))
+
+
+# --------------------------------------------------------------------------- eval / cutoffs
+
+def _eval_tasks(suite: Optional[str], recipe: Optional[Path], tasks: Optional[str], overrides: list[str]) -> list[str]:
+    """The task list from --tasks, or from --suite in the recipe's eval block."""
+    if (suite is None) == (tasks is None):
+        raise BadInput("give --suite NAME (with --recipe) or --tasks a,b (not both)")
+    if tasks is not None:
+        names = [t.strip() for t in tasks.split(",") if t.strip()]
+        if not names:
+            raise BadInput("--tasks: no task names given")
+        return names
+    if recipe is None:
+        raise BadInput(f"--suite {suite}: suites live in a recipe's eval block; add --recipe RECIPE (or use --tasks)")
+    from eval.harness import UnknownSuiteError, resolve_suite
+
+    try:
+        return resolve_suite(_load(recipe, overrides).recipe.eval, suite)
+    except UnknownSuiteError as e:
+        raise BadInput(str(e)) from e
+
+
+@app.command("eval")
+@_guarded
+def eval_cmd(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint directory (HF format, with config.json).", show_default=False),
+    suite: Optional[str] = typer.Option(None, "--suite", help="Suite name from the recipe's `eval` block."),
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="Recipe whose `eval` block defines --suite."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated lm-eval tasks, tags or groups instead of a suite (e.g. world, or world_lookup,arc_easy)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N items per task (a quick look)."),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, help="Sequences per forward pass."),
+    device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda."),
+    overrides: list[str] = SetOpt,
+    as_json: bool = JsonOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Score a checkpoint on lm-eval benchmarks: a suite from a recipe, or tasks by name.
+
+    Local tasks about the demo world (world_arithmetic, world_lookup, ..., tag `world`)
+    run offline; standard lm-eval task names work too.
+
+    \b
+    Example:
+      stagewise eval runs/tiny/pretrain/final --suite quick --recipe recipes/tiny.yaml --limit 20
+      stagewise eval runs/tiny/pretrain/final --tasks world --json
+    """
+    names = _eval_tasks(suite, recipe, tasks, overrides)
+    if not (checkpoint.is_dir() and (checkpoint / "config.json").is_file()):
+        raise BadInput(f"{checkpoint} is not a checkpoint directory (no config.json)")
+    from eval.harness import UnknownTaskError, run_checkpoint, task_manager
+
+    try:
+        task_manager(names)  # a typo exits 2 before the model loads
+    except UnknownTaskError as e:
+        raise BadInput(str(e)) from e
+    result = run_checkpoint(checkpoint, names, limit=limit, batch_size=batch_size, device=device)
+    report = {"checkpoint": str(checkpoint), "tasks": names, "limit": limit, "metrics": result.metrics}
+
+    def text() -> None:
+        typer.echo(f"{checkpoint}  ({', '.join(names)}{f', limit {limit}' if limit else ''})")
+        width = max((len(k) for k in result.metrics), default=0)
+        for key, value in result.metrics.items():
+            typer.echo(f"  {key:<{width}}  {value:.4f}")
+
+    _emit(report, as_json, text)
+
+
+def _tracking_uri(uri: Optional[str]) -> str:
+    """--tracking-uri, else MLFLOW_TRACKING_URI; a SQLite store must exist (reading must not create one)."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise BadInput("no MLflow store: give --tracking-uri URI (e.g. sqlite:///runs/tiny/mlflow.db) or set MLFLOW_TRACKING_URI")
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise BadInput(f"no MLflow store at {uri} (file not found)")
+    return uri
+
+
+def _replay(tracker, runs, rule) -> list[dict]:
+    """Per run: the cutoff report, or the error (a run that lacks a rule metric)."""
+    from eval.cutoffs import run_cutoff
+    from eval.gates import UnknownMetricError, check_metrics
+
+    out = []
+    for run in runs:
+        try:
+            check_metrics(rule, tracker.metric_names(run.run_id))  # names what the run has when one is missing
+            histories = tracker.metric_histories(run.run_id, rule.metrics())
+            out.append({**run_cutoff(run.run_id, rule, histories, run.name).to_dict(), "error": None, "_histories": histories})
+        except UnknownMetricError as e:
+            out.append({"run_id": run.run_id, "run_name": run.name, "cutoff": None, "guards": [], "error": str(e)})
+    if out and all(r["error"] for r in out):
+        raise BadInput(out[0]["error"])
+    return out
+
+
+def _cutoff_figure(reports: list[dict], rule, title: str):
+    from eval.plots import cutoff_plot
+
+    runs = {f"{r['run_name']} {r['run_id'][:6]}": r["_histories"] for r in reports if "_histories" in r}
+    cuts = {f"{r['run_name']} {r['run_id'][:6]}": (r["cutoff"] or {}).get("tokens_seen") for r in reports if "_histories" in r}
+    thresholds: dict[str, list[float]] = {}
+    for _, c in rule.conditions():
+        if not c.relative:
+            thresholds.setdefault(c.metric, []).append(c.value)
+    return cutoff_plot(runs, rule.metrics(), cuts, thresholds, title)
+
+
+def _print_cutoffs(reports: list[dict]) -> None:
+    for r in reports:
+        head = f"run {r['run_name'] or '?'} ({r['run_id']})"
+        if r["error"]:
+            typer.echo(f"{head}: skipped, {r['error']}")
+            continue
+        cut = r["cutoff"]
+        if cut is None:
+            typer.echo(f"{head}: rule never held (last evaluation: step {r['last_step']}, {r['last_tokens'] or 0:,} tokens)")
+        else:
+            typer.echo(f"{head}: rule first held at step {cut['step']}, {cut['tokens_seen']:,} tokens")
+            for metric, value in cut["values"].items():
+                typer.echo(f"    {metric} = {value:.4g}")
+        for g in r["guards"]:
+            fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
+            typer.echo(f"  guard {g['metric']}: {fmt(g['at_cutoff'])} at {'cutoff' if cut else 'start'} -> "
+                       f"{fmt(g['final'])} final (worst {fmt(g['worst_after'])}, {g['evaluations_after']} evaluations after)")
+
+
+@app.command("cutoffs")
+@_guarded
+def cutoffs_cmd(
+    experiment: str = typer.Option(..., "--experiment", help="MLflow experiment (by default the recipe name)."),
+    stage: str = typer.Option(..., "--stage", help="Stage whose runs to replay, e.g. pretrain."),
+    rule: Path = typer.Option(..., "--rule", help="YAML with a gate's all/any/guards/min_tokens (a whole gate block works too)."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of the rule's metrics over tokens with each cutoff marked."),
+    as_json: bool = JsonOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Replay a gate rule on a stage's finished runs: where it first held, and what the guards did after.
+
+    \b
+    Example:
+      stagewise cutoffs --experiment tiny --stage pretrain --rule rule.yaml \
+        --tracking-uri sqlite:///runs/tiny/mlflow.db --plot cutoffs.png
+    """
+    from pydantic import ValidationError
+
+    from eval.cutoffs import load_rule
+    from tasks.tracking import Tracker
+
+    if not rule.is_file():
+        raise BadInput(f"rule file not found: {rule}")
+    try:
+        parsed = load_rule(rule)
+    except (ValidationError, ValueError) as e:
+        raise BadInput(f"{rule}: {e}") from e
+    tracker = Tracker(_tracking_uri(tracking_uri), experiment)
+    try:
+        runs = tracker.find_stage_runs(experiment, stage)
+    except LookupError as e:
+        raise BadInput(str(e)) from e
+    if not runs:
+        stages = tracker.stages_in(experiment)
+        raise BadInput(f"no runs of stage {stage!r} in experiment {experiment!r}; stages there: {', '.join(stages) or '(none)'}")
+    reports = _replay(tracker, runs, parsed)
+    if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        _cutoff_figure(reports, parsed, f"{experiment} / {stage}: rule metrics over tokens").savefig(plot)
+    for r in reports:
+        r.pop("_histories", None)
+    result = {"experiment": experiment, "stage": stage, "rule": str(rule), "plot": str(plot) if plot else None, "runs": reports}
+
+    def text() -> None:
+        typer.echo(f"experiment {experiment}, stage {stage}, rule {rule}: {len(reports)} run(s)")
+        _print_cutoffs(reports)
+        if plot is not None:
+            typer.echo(f"plot: {plot}")
+
+    _emit(result, as_json, text)
+
+
+# --------------------------------------------------------------------------- merge
+
+@app.command("merge")
+@_guarded
+def merge_cmd(
+    checkpoints: list[Path] = typer.Argument(..., help="Checkpoint directories to merge; ordered oldest first by the tokens_seen of their stagewise.json (as given when one has none).", show_default=False),
+    out: Path = typer.Option(..., "--out", help="Output checkpoint directory (written atomically; replaced if it exists)."),
+    schedule: str = typer.Option("minus-sqrt", "--schedule", help="Coefficients: minus-sqrt, linear or cosine (decay emulation, WSM), or uniform."),
+    ordering: str = typer.Option("sequential", "--ordering", help="sequential, reversed (coefficients applied newest-first) or random (seeded by --seed)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of --ordering random."),
+    verify: bool = typer.Option(False, "--verify", help="Re-hash every input's weights and refuse one that no longer matches its stagewise.json."),
+    as_json: bool = JsonOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Merge checkpoints into one, tensor by tensor (ALGORITHMS.md §2), with a merge_manifest.json.
+
+    Checkpoints whose config or tensors differ are refused (exit 2) with the first mismatch named.
+
+    \b
+    Example:
+      stagewise merge runs/tiny/pretrain/step-0000{40,50,60} --schedule minus-sqrt --out runs/tiny/merged
+    """
+    from model.merge import MANIFEST, MergeInputError, merge_checkpoints, merge_coefficients, order_by_tokens
+
+    missing = [str(p) for p in checkpoints if not (p / "config.json").is_file()]
+    if missing:
+        raise BadInput(f"not a checkpoint directory (no config.json): {', '.join(missing)}")
+    try:
+        paths = order_by_tokens(checkpoints)
+        coeffs = merge_coefficients(len(paths), schedule, ordering, seed)
+        merged = merge_checkpoints(paths, coeffs, out, schedule, ordering=ordering, seed=seed, verify_inputs=verify)
+    except MergeInputError as e:
+        raise BadInput(str(e)) from e
+    manifest = json.loads((merged / MANIFEST).read_text())
+    report = {"output": str(merged), **{k: manifest[k] for k in ("schedule", "ordering", "seed")},
+              "tokens_seen": manifest["output"]["tokens_seen"], "weight_sha256": manifest["output"]["weight_sha256"],
+              "inputs": [{k: i[k] for k in ("path", "tokens_seen", "coefficient")} for i in manifest["inputs"]]}
+
+    def text() -> None:
+        typer.echo(f"merged {len(paths)} checkpoints ({schedule}, {ordering}) -> {merged}")
+        for i in report["inputs"]:
+            tokens = "?" if i["tokens_seen"] is None else f"{i['tokens_seen']:,}"
+            typer.echo(f"  {i['coefficient']:.4f}  {i['path']}  ({tokens} tokens)")
+
+    _emit(report, as_json, text)
 
 
 def main() -> None:

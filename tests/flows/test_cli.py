@@ -225,3 +225,184 @@ def test_inspect_bad_targets_exit_2(tmp_path):
     result = invoke("inspect", str(tmp_path))
     assert result.exit_code == 2 and "not a checkpoint (no config.json)" in result.output
     assert invoke("inspect").exit_code == 2
+
+
+# --------------------------------------------------------------------------- eval
+
+@pytest.mark.parametrize("command", [["eval"], ["cutoffs"]])
+def test_eval_and_cutoffs_help_have_an_example(command):
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0 and re.search(r"Example:\n\s+stagewise ", result.output)
+
+
+def test_help_does_not_import_lm_eval():
+    import subprocess
+
+    code = ("import sys; from flows.cli import app; from typer.testing import CliRunner; "
+            "CliRunner().invoke(app, ['eval', '--help']); print('lm_eval' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=RECIPES.parent)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A randomly initialised `tiny` model and its tokenizer saved as an HF directory."""
+    from data.tokenizer import train_bpe
+    from data.world.arithmetic import arithmetic_texts
+    from model.build import build_model
+    from model.config import ModelConfig
+
+    path = tmp_path_factory.mktemp("ckpt")
+    tok = train_bpe(arithmetic_texts(50, 0), 300)
+    build_model(ModelConfig(preset="tiny"), len(tok), seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def eval_recipe(tmp_path: Path) -> Path:
+    path = small_recipe(tmp_path)
+    path.write_text(path.read_text() + "eval:\n  quick: [world_compare_mc]\n  full: [world]\n")
+    return path
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "give --suite NAME"),
+    (["--suite", "quick", "--tasks", "world"], "not both"),
+    (["--suite", "quick"], "add --recipe"),
+    (["--tasks", " , "], "no task names"),
+])
+def test_eval_bad_options_exit_2(tiny_checkpoint, args, message):
+    result = invoke("eval", str(tiny_checkpoint), *args)
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_eval_unknown_suite_lists_the_recipes_suites(tiny_checkpoint, tmp_path):
+    result = invoke("eval", str(tiny_checkpoint), "--suite", "quik", "--recipe", str(eval_recipe(tmp_path)))
+    assert result.exit_code == 2 and "did you mean 'quick'" in result.output and "full, quick" in result.output
+
+
+def test_eval_not_a_checkpoint_exits_2(tmp_path):
+    result = invoke("eval", str(tmp_path), "--tasks", "world")
+    assert result.exit_code == 2 and "not a checkpoint" in result.output
+
+
+def test_eval_a_suite_from_the_recipe_json(tiny_checkpoint, tmp_path):
+    result = invoke("eval", str(tiny_checkpoint), "--suite", "quick", "--recipe", str(eval_recipe(tmp_path)),
+                    "--limit", "3", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["tasks"] == ["world_compare_mc"] and report["limit"] == 3
+    assert set(report["metrics"]) == {"world_compare_mc/acc", "world_compare_mc/acc_norm"}
+
+
+def test_eval_tasks_text(tiny_checkpoint):
+    result = invoke("eval", str(tiny_checkpoint), "--tasks", "world_arithmetic", "--limit", "2")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"world_arithmetic/exact_match\s+\d\.\d{4}", result.output)
+
+
+# --------------------------------------------------------------------------- cutoffs
+
+ACC = "eval/world_arithmetic/exact_match"
+LOOKUP = "eval/world_lookup/exact_match"
+
+
+@pytest.fixture(scope="module")
+def cutoff_store(tmp_path_factory):
+    """An experiment with two pretrain runs (the rule holds in the first at step 20) and an sft run."""
+    from tasks.tracking import STAGE_TAG, Tracker
+
+    root = tmp_path_factory.mktemp("store")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    tracker = Tracker(uri, "tiny", artifact_root=str(root / "artifacts"))
+    runs = []
+    for accs in [(0.0, 0.1, 0.35, 0.5), (0.0, 0.05, 0.1, 0.2)]:
+        run = tracker.start_run("pretrain", {STAGE_TAG: "pretrain"})
+        tracker.log_metrics(run, [(s, s * 4096, {ACC: a, LOOKUP: 0.5 - s / 100}) for s, a in zip((0, 10, 20, 30), accs)])
+        runs.append(run)
+    tracker.start_run("sft", {STAGE_TAG: "sft"})
+    return uri, runs
+
+
+def rule_file(tmp_path: Path, body: str | None = None) -> Path:
+    path = tmp_path / "rule.yaml"
+    path.write_text(body or f"all:\n  - {{metric: {ACC}, op: '>=', value: 0.3}}\nguards:\n  - {{metric: {LOOKUP}, max_drop: 0.5}}\n")
+    return path
+
+
+def cutoffs(uri: str, rule: Path, *extra: str, stage: str = "pretrain"):
+    return invoke("cutoffs", "--experiment", "tiny", "--stage", stage, "--rule", str(rule), "--tracking-uri", uri, *extra)
+
+
+def test_cutoffs_json_gives_each_runs_cutoff(cutoff_store, tmp_path):
+    uri, (first, second) = cutoff_store
+    result = cutoffs(uri, rule_file(tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.stdout)["runs"]
+    assert [r["run_id"] for r in runs] == [first, second]
+    assert runs[0]["cutoff"] == {"step": 20, "tokens_seen": 81920, "values": {ACC: 0.35, LOOKUP: 0.3}}
+    assert runs[1]["cutoff"] is None
+    guard = runs[0]["guards"][0]
+    assert guard["metric"] == LOOKUP and guard["at_cutoff"] == 0.3 and guard["final"] == pytest.approx(0.2)
+
+
+def test_cutoffs_text_and_plot(cutoff_store, tmp_path):
+    uri, _ = cutoff_store
+    plot = tmp_path / "out" / "cutoffs.png"
+    result = cutoffs(uri, rule_file(tmp_path), "--plot", str(plot))
+    assert result.exit_code == 0, result.output
+    assert "rule first held at step 20, 81,920 tokens" in result.output and "rule never held" in result.output
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cutoffs_reads_the_store_from_the_environment(cutoff_store, tmp_path, monkeypatch):
+    uri, _ = cutoff_store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    result = invoke("cutoffs", "--experiment", "tiny", "--stage", "pretrain", "--rule", str(rule_file(tmp_path)), "--json")
+    assert result.exit_code == 0 and len(json.loads(result.stdout)["runs"]) == 2
+
+
+@pytest.mark.parametrize("case,message", [
+    ("stage", "no runs of stage 'rl'"),
+    ("metric", "nearest: eval/world_arithmetic/exact_match"),
+    ("rule_key", "al"),
+    ("rule_missing", "rule file not found"),
+    ("store", "no MLflow store"),
+    ("experiment", "no MLflow experiment 'nope'"),
+])
+def test_cutoffs_bad_input_exits_2(cutoff_store, tmp_path, case, message):
+    uri, _ = cutoff_store
+    rule = rule_file(tmp_path)
+    args = {"stage": dict(stage="rl")}.get(case, {})
+    if case == "metric":
+        rule = rule_file(tmp_path, "all:\n  - {metric: eval/world_arithmetc/exact_match, op: '>', value: 0}\n")
+    elif case == "rule_key":
+        rule = rule_file(tmp_path, f"al:\n  - {{metric: {ACC}, op: '>', value: 0}}\n")
+    elif case == "rule_missing":
+        rule = tmp_path / "missing.yaml"
+    elif case == "store":
+        uri = f"sqlite:///{tmp_path / 'none.db'}"
+    if case == "experiment":
+        result = invoke("cutoffs", "--experiment", "nope", "--stage", "pretrain", "--rule", str(rule), "--tracking-uri", uri)
+    else:
+        result = cutoffs(uri, rule, **args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    if case == "stage":
+        assert "stages there: pretrain, sft" in result.output
+
+
+def test_cutoffs_skips_a_run_without_the_metrics_and_reports_why(cutoff_store, tmp_path):
+    from tasks.tracking import STAGE_TAG, Tracker
+
+    uri, _ = cutoff_store
+    tracker = Tracker(uri, "partial")
+    good = tracker.start_run("pretrain", {STAGE_TAG: "pretrain"})
+    tracker.log_metrics(good, [(0, 0, {ACC: 0.5, LOOKUP: 0.5})])
+    empty = tracker.start_run("pretrain", {STAGE_TAG: "pretrain"})
+    result = invoke("cutoffs", "--experiment", "partial", "--stage", "pretrain", "--rule", str(rule_file(tmp_path)),
+                    "--tracking-uri", uri, "--json")
+    assert result.exit_code == 0, result.output
+    by_id = {r["run_id"]: r for r in json.loads(result.stdout)["runs"]}
+    assert by_id[good]["cutoff"]["step"] == 0 and by_id[good]["error"] is None
+    assert by_id[empty]["cutoff"] is None and "is not logged" in by_id[empty]["error"]

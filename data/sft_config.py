@@ -1,0 +1,105 @@
+"""Configs of the SFT data path: curation, packing, sources and the domain blend.
+
+Kept apart from data/config.py (pretraining data) so the SFT stage's recipe block composes
+only what it needs. Every field carries its docstring, which becomes its description in
+the recipe's JSON schema.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class CurateConfig(_Config):
+    """Which conversations are kept: structure, repetition, duplicates and length (data/curate/)."""
+
+    max_reject_rate: float = Field(0.5, ge=0, le=1)
+    """Fail the source (CurationError) when more than this fraction of its lines is rejected."""
+    repeat_ngram: int = Field(4, ge=1)
+    """n of the n-grams (in words) the repetition filters count."""
+    repeat_window: int = Field(100, ge=2)
+    """Sliding window, in words, inside which one n-gram may not recur too often."""
+    repeat_max_count: int = Field(6, ge=1)
+    """Reject an assistant turn in which one n-gram occurs more than this many times within a window."""
+    repeat_max_fraction: float = Field(0.5, gt=0, le=1)
+    """Reject an assistant turn whose n-grams are repeats (occurrences beyond the first) above this fraction."""
+    repeat_min_words: int = Field(32, ge=1)
+    """The fraction filter only judges turns of at least this many words (short answers repeat legitimately)."""
+    exact_dedup: bool = True
+    """Drop conversations whose normalised text (NFKC, lower case, collapsed whitespace) was seen before."""
+    near_dedup: bool = True
+    """Drop near duplicates found by MinHash-LSH (the first occurrence is kept)."""
+    jaccard_threshold: float = Field(0.8, gt=0, le=1)
+    """Two conversations are near duplicates when their shingle-set Jaccard similarity is at least this."""
+    shingle_size: int = Field(5, ge=1)
+    """k of the word k-shingles MinHash compares."""
+    num_perm: int = Field(128, ge=4)
+    """MinHash permutations P (signature length)."""
+    bands: int | None = Field(None, ge=1)
+    """LSH bands b, each of r = P // b rows; default: the b minimising 0.1 x false positives
+    + 0.9 x false negatives around the threshold (candidates are verified, so recall first)."""
+    minhash_seed: int = 1
+    """Seed of the universal hash functions (same seed, same signatures)."""
+    max_chars: int | None = Field(200_000, gt=0)
+    """Reject conversations whose rendered text is longer than this many characters (None: no limit)."""
+    max_tokens: int | None = Field(None, gt=0)
+    """Reject conversations longer than this many tokens (needs a tokenizer; None: no limit)."""
+
+    @model_validator(mode="after")
+    def _bands_fit(self) -> "CurateConfig":
+        if self.bands is not None and self.bands > self.num_perm:
+            raise ValueError(f"bands ({self.bands}) must not exceed num_perm ({self.num_perm})")
+        return self
+
+
+class PackingConfig(_Config):
+    """How rendered conversations become fixed-size training rows (data/packing.py)."""
+
+    pack_size: int = Field(4096, gt=0)
+    """Tokens per pack (the training sequence length); longer conversations are dropped, never cut."""
+    distinct_prompts: bool = True
+    """Never put two conversations with the same prompt into one pack."""
+
+
+class SFTDataSource(_Config):
+    """One file of conversations (OpenAI messages format, one JSON object per line)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Name used in reports and rejects files."""
+    path: str
+    """The JSONL file; `@world/<name>.jsonl` for the demo world's conversations."""
+    domain: str | None = None
+    """Domain the blend weighs this source under (default: its name)."""
+    max_reject_rate: float | None = Field(None, ge=0, le=1)
+    """Override of curate.max_reject_rate for this source (e.g. a knowingly dirty one)."""
+
+    @property
+    def domain_name(self) -> str:
+        """The domain, defaulting to the source name."""
+        return self.domain or self.name
+
+
+class SFTBlend(_Config):
+    """Which conversations one SFT stage trains on (data/sft_blend.py)."""
+
+    weights: dict[str, float]
+    """Relative weight per domain (normalised to sum to 1)."""
+    conversations: int | None = Field(None, gt=0)
+    """Conversations to sample (default: the largest count the weights allow without repeating any domain)."""
+    max_epochs: float = Field(1.0, gt=0)
+    """Never draw a domain's conversations more than this many times over (the sample shrinks instead)."""
+    reasoning_off_fraction: float = Field(0.0, ge=0, le=1)
+    """Fraction of conversations (chosen by id, seeded) rendered with reasoning off: traces dropped, system marked."""
+
+    @model_validator(mode="after")
+    def _weights(self) -> "SFTBlend":
+        bad = {k: v for k, v in self.weights.items() if v < 0}
+        if bad:
+            raise ValueError(f"blend weights must be >= 0, got {bad}")
+        if sum(self.weights.values()) <= 0:
+            raise ValueError("blend weights must not all be zero")
+        return self
