@@ -1,0 +1,72 @@
+"""The whole recipe as one Prefect flow: a table of contents of the stages, in order.
+
+    pipeline_flow
+      ├─ pretrain        (flows/pretrain.py: prepare data -> phases -> validation)
+      └─ ... later stages hand each other a StageResult (checkpoint, run id, gate, metrics)
+
+One MLflow parent run per pipeline run (tagged with the Prefect flow-run id), one nested
+run per stage. `run_pipeline` is what `stagewise run` calls.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from flows.pretrain import pretrain_flow
+from flows.recipe import STAGE_ORDER, LoadedRecipe, Recipe, flatten_recipe, recipe_hash, select_stages
+from tasks.refs import StageResult
+from tasks.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker, default_tracking_uri
+
+def tracker_for(recipe: Recipe, workdir: Path) -> Tracker:
+    """The recipe's MLflow store: tracking.uri, or SQLite under the workdir."""
+    uri = recipe.tracking.uri or default_tracking_uri(workdir)
+    return Tracker(uri=uri, experiment=recipe.tracking.experiment or recipe.name, artifact_root=str(workdir / "mlartifacts"))
+
+
+@flow(name="stagewise-pipeline", log_prints=True)
+def pipeline_flow(
+    recipe: Recipe, base_dir: str, stages: list[str] | None = None, resume: bool = False
+) -> list[StageResult]:
+    """Run the selected stages of `recipe`, each handing its checkpoint to the next."""
+    logger = get_run_logger()
+    workdir = Path(recipe.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    tracker = tracker_for(recipe, workdir)
+    selected = select_stages(recipe, stages) or [s for s in STAGE_ORDER if getattr(recipe.stages, s, None) is not None]
+    digest = recipe_hash(recipe)
+    parent = tracker.start_run(recipe.name, {RECIPE_TAG: recipe.name, FLOW_RUN_TAG: str(flow_run.id), "stagewise.recipe_hash": digest})
+    tracker.log_params(parent, flatten_recipe(recipe))
+    tracker.log_text(parent, yaml.safe_dump(recipe.model_dump(mode="json", by_alias=True), sort_keys=False), "recipe.yaml")
+    logger.info("MLflow: %s (experiment %s, run %s)", tracker.uri, tracker.experiment, parent)
+    results: list[StageResult] = []
+    try:
+        if "pretrain" in selected:
+            results.append(pretrain_flow(
+                recipe.model, recipe.data, recipe.tokenizer, recipe.stages.pretrain, str(workdir), base_dir,
+                recipe.seed, digest, tracker, parent_run_id=parent, resume=resume,
+            ))
+    except BaseException:
+        tracker.end_run(parent, "FAILED")
+        raise
+    tracker.log_json(parent, [r.model_dump() for r in results], "stage_results.json")
+    tracker.end_run(parent)
+    return results
+
+
+def run_pipeline(loaded: LoadedRecipe, stages: list[str] | None = None, resume: bool = False) -> dict:
+    """Validate the stage selection, run the flow, and summarise where everything went."""
+    select_stages(loaded.recipe, stages)  # bad input fails before Prefect starts
+    results = pipeline_flow(loaded.recipe, str(loaded.path.parent.resolve()), stages, resume)
+    workdir = Path(loaded.recipe.workdir).resolve()
+    tracker = tracker_for(loaded.recipe, workdir)
+    return {
+        "recipe": loaded.recipe.name,
+        "workdir": str(workdir),
+        "tracking_uri": tracker.uri,
+        "experiment": tracker.experiment,
+        "stages": [r.model_dump() for r in results],
+    }

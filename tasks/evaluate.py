@@ -1,0 +1,61 @@
+"""Prefect tasks that score checkpoints and draw the stage's report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.refs import CheckpointRef, PreparedRef
+from tasks.tracking import Tracker
+
+
+def _val_streams(prepared_root: Path) -> dict:
+    from data.prepare import PreparedData
+    from data.shards import TokenShard
+
+    prepared = PreparedData.load(prepared_root)
+    return {name: TokenShard.open(src.val).tokens for name, src in prepared.sources.items() if src.val_tokens > 0}
+
+
+@task(name="validation-loss", cache_policy=NO_CACHE)
+def validation_task(
+    checkpoint: CheckpointRef,
+    prepared: PreparedRef,
+    seq_length: int,
+    max_tokens: int,
+    tracker: Tracker | None = None,
+    run_id: str | None = None,
+) -> dict[str, float]:
+    """Held-out loss of a checkpoint, per source and overall, next to the unigram baseline."""
+    from data.prepare import PreparedData
+    from data.stats import unigram_cross_entropy
+    from eval.validation import validation_loss
+    from model.build import load_model
+
+    model = load_model(Path(checkpoint.path))
+    metrics = validation_loss(model, _val_streams(Path(prepared.root)), seq_length, max_tokens)
+    metrics["unigram_baseline"] = unigram_cross_entropy(PreparedData.load(Path(prepared.root)))
+    get_run_logger().info(
+        "validation loss %.4f (unigram baseline %.4f) at %d tokens",
+        metrics["loss"], metrics["unigram_baseline"], checkpoint.tokens_seen,
+    )
+    if tracker and run_id:
+        named = {f"eval/validation/{k}": v for k, v in metrics.items()}
+        tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, named)])
+    return metrics
+
+
+@task(name="stage-report", cache_policy=NO_CACHE)
+def loss_report_task(tracker: Tracker, run_id: str, stage: str) -> None:
+    """Plot training and validation loss over tokens and log it as a PNG artifact."""
+    from eval.plots import loss_curves
+
+    client = tracker.client()
+    series = {}
+    for key in ("train/lm_loss", "eval/validation/loss", "tokens_seen", "train/lr"):
+        series[key] = [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+    baseline = client.get_metric_history(run_id, "eval/validation/unigram_baseline")
+    figure = loss_curves(series, baseline[-1].value if baseline else None, title=f"{stage}: loss over tokens")
+    tracker.log_figure(run_id, figure, f"reports/{stage}_loss.png")
