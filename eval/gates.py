@@ -153,6 +153,8 @@ class GateConfig(GateRule):
     """The recipe's eval suite run at each evaluation (its metrics are logged as eval/<task>/<metric>)."""
     on_budget_exhausted: Literal["continue", "fail"] = "continue"
     """When the stage's tokens run out and the rule never held: hand on the last checkpoint, or fail."""
+    eval_limit: int | None = Field(40, gt=0)
+    """Items per task at each evaluation (None: all); bounds the cost of evaluating often."""
 
 
 class UnknownMetricError(ValueError):

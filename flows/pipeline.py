@@ -46,7 +46,7 @@ def pipeline_flow(
     try:
         if "pretrain" in selected:
             results.append(pretrain_flow(
-                recipe.model, recipe.data, recipe.tokenizer, recipe.stages.pretrain, str(workdir), base_dir,
+                recipe.model, recipe.data, recipe.tokenizer, recipe.stages.pretrain, recipe.eval, str(workdir), base_dir,
                 recipe.seed, digest, tracker, parent_run_id=parent, resume=resume,
             ))
     except BaseException:

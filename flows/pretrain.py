@@ -1,8 +1,9 @@
-"""The pretraining stage as a Prefect flow: prepare data -> train each phase -> validate.
+"""The pretraining stage as a Prefect flow: prepare data -> train in stretches -> validate.
 
-Phases share one LR schedule and one data stream; each phase is a task that resumes the
-previous phase's checkpoint, so the curriculum reads as a list of tasks in the Prefect UI
-and a crash loses at most one checkpoint interval (`stagewise run --resume`).
+Phases share one LR schedule and one data stream; each stretch (a phase, or a gate's
+chunk of `eval_every_tokens`) is a task that resumes the previous one's checkpoint, so
+the curriculum reads as a list of tasks in the Prefect UI and a crash loses at most one
+checkpoint interval (`stagewise run --resume`).
 
 The stage directory is named by a hash of everything that determines its weights (model,
 training config, phases, data digest, seed): re-running an unchanged, finished stage does
@@ -19,12 +20,13 @@ from prefect import flow, get_run_logger
 
 from data.config import DataConfig, TokenizerConfig
 from flows.recipe import PretrainStage
+from flows.stage_loop import run_stretches
 from model.config import ModelConfig, TrainConfig
 from tasks.data import prepare_data_task
-from tasks.evaluate import loss_report_task, validation_task
-from tasks.refs import CheckpointRef, StageResult
+from tasks.evaluate import loss_report_task, suite_task, validation_task
+from tasks.refs import CheckpointRef, PreparedRef, StageResult
 from tasks.tracking import STAGE_TAG, Tracker
-from tasks.train import TrainSpec, train_phase_task
+from tasks.train import ShardData, TrainSpec
 
 STAGE = "pretrain"
 
@@ -33,12 +35,13 @@ class StageStateError(RuntimeError):
     """A stage directory holds an interrupted run and --resume was not given."""
 
 
-def _stage_dir(workdir: Path, spec_fields: dict) -> Path:
+def stage_dir(workdir: Path, stage: str, spec_fields: dict) -> Path:
+    """`<workdir>/stages/<stage>-<hash of what determines the weights>`."""
     digest = hashlib.sha256(json.dumps(spec_fields, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return workdir / "stages" / f"{STAGE}-{digest}"
+    return workdir / "stages" / f"{stage}-{digest}"
 
 
-def _existing(out_dir: Path, total_tokens: int, resume: bool) -> CheckpointRef | None:
+def existing_checkpoint(out_dir: Path, total_tokens: int, resume: bool) -> CheckpointRef | None:
     """The checkpoint to continue from: the finished one, or (with --resume) the latest."""
     from model.checkpoint import latest_checkpoint, read_meta
 
@@ -46,7 +49,7 @@ def _existing(out_dir: Path, total_tokens: int, resume: bool) -> CheckpointRef |
     if latest is None:
         return None
     meta = read_meta(latest)
-    ref = CheckpointRef(path=str(latest), step=meta.step, tokens_seen=meta.tokens_seen, sha256=meta.weight_sha256)
+    ref = CheckpointRef(path=str(latest), step=meta.step, tokens_seen=meta.tokens_seen, sha256=meta.weight_sha256 or "")
     if meta.tokens_seen >= total_tokens or resume:
         return ref
     raise StageStateError(
@@ -55,12 +58,24 @@ def _existing(out_dir: Path, total_tokens: int, resume: bool) -> CheckpointRef |
     )
 
 
+def evaluator(prepared: PreparedRef, seq_length: int, val_tokens: int, suite: list[str] | None,
+              limit: int | None, tracker: Tracker, run_id: str):
+    """What a pretraining checkpoint is scored on at every mark: validation loss (+ a suite)."""
+    def evaluate(ckpt: CheckpointRef) -> dict:
+        metrics = validation_task(ckpt, prepared, seq_length, val_tokens, tracker, run_id)
+        if suite:
+            metrics |= suite_task(ckpt, suite, limit, tracker, run_id)
+        return metrics
+    return evaluate
+
+
 @flow(name="pretrain", log_prints=True)
 def pretrain_flow(
     model: ModelConfig,
     data: DataConfig,
     tokenizer: TokenizerConfig,
     stage: PretrainStage,
+    suites: dict[str, list[str]],
     workdir: str,
     base_dir: str,
     seed: int,
@@ -72,35 +87,32 @@ def pretrain_flow(
 ) -> StageResult:
     """Phased pretraining of `stage` (a `stages.pretrain` block) on the recipe's data."""
     logger = get_run_logger()
-    pretrain = stage
     run_id = tracker.start_run(STAGE, {STAGE_TAG: STAGE}, parent_run_id)
     try:
         prepared = prepare_data_task(data, tokenizer, workdir, seed, base_dir, tracker, run_id)
-        train_cfg = TrainConfig.model_validate(pretrain.model_dump(exclude={"phases", "val_tokens"}))
-        out_dir = _stage_dir(Path(workdir), {
-            "model": model.model_dump(), "train": train_cfg.model_dump(), "phases": [p.model_dump() for p in pretrain.phases],
+        train_cfg = TrainConfig.model_validate(stage.model_dump(include=set(TrainConfig.model_fields)))
+        out_dir = stage_dir(Path(workdir), STAGE, {
+            "model": model.model_dump(), "train": train_cfg.model_dump(), "phases": [p.model_dump() for p in stage.phases],
             "data": prepared.digest, "seed": seed,
         })
         tracker.set_tags(run_id, {"stagewise.stage_dir": str(out_dir)})
         spec = TrainSpec(
-            stage=STAGE, model=model, train=train_cfg, phases=pretrain.phases,
-            max_epochs={s.name: s.max_epochs for s in data.sources}, prepared=prepared,
-            out_dir=str(out_dir), seed=seed, recipe_hash=recipe_hash, device=device,
+            stage=STAGE, model=model, train=train_cfg, out_dir=str(out_dir), seed=seed, recipe_hash=recipe_hash,
+            device=device, data=ShardData(prepared=prepared, phases=stage.phases,
+                                          max_epochs={s.name: s.max_epochs for s in data.sources}),
         )
         total = train_cfg.total_steps * train_cfg.tokens_per_step
-        ckpt = _existing(out_dir, total, resume)
-        if ckpt is not None and ckpt.tokens_seen >= total:
-            logger.info("pretrain already finished at %s: reusing it", ckpt.path)
+        start = existing_checkpoint(out_dir, total, resume)
+        if start is not None and start.tokens_seen >= total:
+            logger.info("pretrain already finished at %s: reusing it", start.path)
             tracker.set_tags(run_id, {"stagewise.reused": "true"})
-        metrics: dict[str, float] = {}
-        for phase in pretrain.phases:
-            until = min(round(phase.until * train_cfg.tokens), total)
-            if ckpt is not None and ckpt.tokens_seen >= until:
-                continue
-            ckpt = train_phase_task(spec, phase.name, until, ckpt.path if ckpt else None, tracker, run_id)
-            metrics = validation_task(ckpt, prepared, train_cfg.seq_length, pretrain.val_tokens, tracker, run_id)
-        if not metrics:
-            metrics = validation_task(ckpt, prepared, train_cfg.seq_length, pretrain.val_tokens, tracker, run_id)
+        gate = stage.gate
+        suite_name = gate.suite if gate else stage.eval_suite
+        evaluate = evaluator(prepared, train_cfg.seq_length, stage.val_tokens, suites.get(suite_name) if suite_name else None,
+                             gate.eval_limit if gate else None, tracker, run_id)
+        phase_ends = [(p.name, round(p.until * train_cfg.tokens)) for p in stage.phases]
+        ckpt, decision = run_stretches(spec, phase_ends, total, start, evaluate, tracker, run_id, gate)
+        metrics = validation_task(ckpt, prepared, train_cfg.seq_length, stage.val_tokens, tracker, run_id)
         loss_report_task(tracker, run_id, STAGE)
         tracker.register_checkpoint(tracker.experiment, Path(ckpt.path), run_id, alias=STAGE)
         tracker.end_run(run_id)
@@ -108,4 +120,4 @@ def pretrain_flow(
         tracker.end_run(run_id, "FAILED")
         raise
     headline = {f"validation_{k}": v for k, v in metrics.items() if k in ("loss", "unigram_baseline")}
-    return StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, metrics=headline)
+    return StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=decision, metrics=headline)

@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from data.config import WORLD_PREFIX, DataConfig, PhaseConfig, TokenizerConfig
+from eval.gates import GateConfig
 from model.config import ModelConfig, TrainConfig
 
 
@@ -52,6 +53,10 @@ class PretrainStage(TrainConfig):
     """The curriculum: e.g. a diversity blend until 0.8, then a quality blend until 1.0."""
     val_tokens: int = Field(65536, gt=0)
     """Held-out tokens scored for the validation loss (per evaluation)."""
+    eval_suite: str | None = None
+    """An eval suite (recipe `eval` block) run at each phase end and gate mark, besides validation loss."""
+    gate: GateConfig | None = None
+    """Stop the stage early when this rule holds on its evaluations (see eval/gates.py)."""
 
 
 class StagesConfig(_Config):
@@ -101,7 +106,20 @@ def _cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     pre = r.stages.pretrain
     out = _source_problems([s.name for s in r.data.sources], pre.phases if pre else None, r.tokenizer)
     out += _schedule_problems("stages.pretrain", pre) if pre else []
+    out += _suite_problems(r, "stages.pretrain", pre)
     return out + _preset_problems(r.model)
+
+
+def _suite_problems(r: Recipe, at: str, stage: Any) -> list[tuple[str, str, str]]:
+    """A stage's eval_suite and gate.suite must name suites of the recipe's `eval` block."""
+    out = []
+    for field, name in (("eval_suite", getattr(stage, "eval_suite", None)),
+                        ("gate.suite", getattr(getattr(stage, "gate", None), "suite", None))):
+        if name is not None and name not in r.eval:
+            where = f"{at}.{field}"
+            known = ", ".join(sorted(r.eval)) or "none; add an `eval:` block"
+            out.append((where, f"unknown eval suite {name!r}{_did_you_mean(name, r.eval)}; suites: {known}", where))
+    return out
 
 
 def _preset_problems(model: ModelConfig) -> list[tuple[str, str, str]]:

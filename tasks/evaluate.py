@@ -59,3 +59,39 @@ def loss_report_task(tracker: Tracker, run_id: str, stage: str) -> None:
     baseline = client.get_metric_history(run_id, "eval/validation/unigram_baseline")
     figure = loss_curves(series, baseline[-1].value if baseline else None, title=f"{stage}: loss over tokens")
     tracker.log_figure(run_id, figure, f"reports/{stage}_loss.png")
+
+
+@task(name="eval-suite", cache_policy=NO_CACHE)
+def suite_task(
+    checkpoint: CheckpointRef,
+    tasks: list[str],
+    limit: int | None = None,
+    tracker: Tracker | None = None,
+    run_id: str | None = None,
+) -> dict[str, float]:
+    """Run lm-eval tasks on a checkpoint; log `eval/<task>/<metric>` and the full results JSON."""
+    from eval.harness import run_checkpoint
+
+    result = run_checkpoint(Path(checkpoint.path), tasks, limit=limit)
+    metrics = {f"eval/{k}": v for k, v in result.metrics.items()}
+    get_run_logger().info("eval at %d tokens: %s", checkpoint.tokens_seen,
+                          ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
+    if tracker and run_id:
+        tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, metrics)])
+        tracker.log_json(run_id, result.raw, f"eval/results_step{checkpoint.step:08d}.json")
+    return metrics
+
+
+@task(name="gate", cache_policy=NO_CACHE)
+def gate_task(gate, tracker: Tracker, run_id: str, tokens_seen: int, budget_exhausted: bool) -> dict:
+    """Ask the gate, from the metrics as MLflow holds them; log the decision and its evidence."""
+    from eval.gates import check_metrics, decide
+
+    check_metrics(gate, tracker.metric_names(run_id))
+    decision = decide(gate, tracker.metric_histories(run_id, gate.metrics()),
+                      tokens_seen=tokens_seen, budget_exhausted=budget_exhausted)
+    out = decision.to_dict()
+    tracker.set_tags(run_id, {"stagewise.gate": decision.action, "stagewise.gate_reason": decision.reason[:4000]})
+    tracker.log_json(run_id, out, f"gate/decision_{tokens_seen:012d}.json")
+    get_run_logger().info("gate: %s (%s)", decision.action, decision.reason)
+    return out

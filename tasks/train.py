@@ -1,22 +1,43 @@
-"""Prefect task: train one stretch of a stage (e.g. one pretraining phase) to a token mark.
+"""Prefect task: train one stretch of a stage (a phase, or a gate's chunk) to a token mark.
 
-A phase is a `fit(until_tokens)` of the same Trainer schedule, resumed from the previous
-phase's checkpoint: the LR schedule, data position and RNG carry over exactly, so phases
-split by tasks train the same weights as one uninterrupted run.
+A stretch is a `fit(until_tokens)` of the stage's one Trainer schedule, resumed from the
+previous stretch's checkpoint: the LR schedule, data position and RNG carry over exactly,
+so a stage split into tasks trains the same weights as one uninterrupted run. The data a
+stage reads is one of a few kinds (token shards with a phase blend, or packed
+conversations); the objective goes with it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal, Union
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from data.config import PhaseConfig
 from model.config import ModelConfig, TrainConfig
 from tasks.refs import CheckpointRef, PreparedRef
 from tasks.tracking import Tracker
+
+
+class ShardData(BaseModel):
+    """Pretraining data: prepared token shards read through a phase blend."""
+
+    kind: Literal["shards"] = "shards"
+    prepared: PreparedRef
+    phases: list[PhaseConfig]
+    max_epochs: dict[str, float]
+
+
+class PackedData(BaseModel):
+    """SFT data: conversations rendered and packed into rows (an .npz of data/sft_data.py)."""
+
+    kind: Literal["packed"] = "packed"
+    rows: str
+    tokenizer_dir: str
+    max_epochs: float | None = None
 
 
 class TrainSpec(BaseModel):
@@ -25,67 +46,93 @@ class TrainSpec(BaseModel):
     stage: str
     model: ModelConfig
     train: TrainConfig
-    phases: list[PhaseConfig]
-    max_epochs: dict[str, float]
-    prepared: PreparedRef
+    data: Annotated[Union[ShardData, PackedData], Field(discriminator="kind")]
+    objective: Literal["lm", "sft_token", "sft_conversation"] = "lm"
     out_dir: str
     seed: int
     recipe_hash: str
+    parent: str | None = None
+    """The checkpoint this stage starts from (recorded as the first checkpoint's parent)."""
     device: str = "cpu"
 
 
-def _build_trainer(spec: TrainSpec, tracker: Tracker | None, run_id: str | None, on_warning):
-    from data.loader import PretrainBatches
-    from data.prepare import PreparedData
+def tokenizer_dir(spec: TrainSpec) -> Path:
+    """Where the stage's tokenizer lives (copied into every checkpoint)."""
+    if isinstance(spec.data, ShardData):
+        from data.prepare import PreparedData
+
+        return Path(PreparedData.load(Path(spec.data.prepared.root)).tokenizer_dir)
+    return Path(spec.data.tokenizer_dir)
+
+
+def _batches(spec: TrainSpec, on_warning):
+    if isinstance(spec.data, ShardData):
+        from data.loader import PretrainBatches
+        from data.prepare import PreparedData
+
+        prepared = PreparedData.load(Path(spec.data.prepared.root))
+        t = spec.train
+        return PretrainBatches(prepared, spec.data.phases, spec.data.max_epochs, t.seq_length, t.global_batch,
+                               t.tokens, spec.seed, on_warning=on_warning)
+    from data.sft_data import PackedBatches, load_packed
+
+    return PackedBatches(load_packed(spec.data.rows), spec.train.global_batch, seed=spec.seed,
+                         max_epochs=spec.data.max_epochs)
+
+
+def _objective(spec: TrainSpec):
+    if spec.objective == "lm":
+        from model.objectives.lm import LMObjective
+
+        return LMObjective(spec.train.lb_loss_coeff)
+    from model.objectives.sft import SFTObjective
+
+    return SFTObjective(spec.objective.removeprefix("sft_"), spec.train.lb_loss_coeff)
+
+
+def build_trainer(spec: TrainSpec, log=None, on_warning=None, progress: bool = True):
+    """The stage's Trainer and its batch source, fresh (call `.resume(ckpt)` to continue)."""
     from model.build import build_model
     from model.engine import Trainer
-    from model.objectives.lm import LMObjective
     from transformers import AutoTokenizer
 
-    prepared = PreparedData.load(Path(spec.prepared.root))
-    vocab = len(AutoTokenizer.from_pretrained(str(prepared.tokenizer_dir)))
+    tok_dir = tokenizer_dir(spec)
+    vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
     model = build_model(spec.model, vocab_size=vocab, seed=spec.seed, device=spec.device)
-    batches = PretrainBatches(
-        prepared, spec.phases, spec.max_epochs, spec.train.seq_length, spec.train.global_batch,
-        spec.train.tokens, spec.seed, on_warning=on_warning,
-    )
-    log = (lambda records: tracker.log_metrics(run_id, records)) if tracker and run_id else (lambda records: None)
+    batches = _batches(spec, on_warning)
     trainer = Trainer(
-        model, spec.train, batches, LMObjective(spec.train.lb_loss_coeff), out_dir=Path(spec.out_dir),
-        stage=spec.stage, tokenizer_dir=prepared.tokenizer_dir, recipe_hash=spec.recipe_hash,
-        log=log, device=spec.device,
+        model, spec.train, batches, _objective(spec), out_dir=Path(spec.out_dir), stage=spec.stage,
+        tokenizer_dir=tok_dir, recipe_hash=spec.recipe_hash, log=log, device=spec.device,
+        progress=progress, parent=spec.parent,
     )
     return trainer, batches
 
 
-@task(name="train-phase", cache_policy=NO_CACHE)
-def train_phase_task(
+@task(name="train", cache_policy=NO_CACHE)
+def train_task(
     spec: TrainSpec,
-    phase: str,
+    label: str,
     until_tokens: int,
     resume_from: str | None = None,
     tracker: Tracker | None = None,
     run_id: str | None = None,
 ) -> CheckpointRef:
-    """Train `spec.stage` from `resume_from` (or from scratch) until `until_tokens`."""
+    """Train `spec.stage` from `resume_from` (or its start) until `until_tokens`; save; return the checkpoint."""
     logger = get_run_logger()
-    trainer, batches = _build_trainer(spec, tracker, run_id, on_warning=logger.warning)
-    if resume_from:
-        trainer.resume(Path(resume_from))
-    logger.info("phase %s: training to %d tokens", phase, until_tokens)
-    result = trainer.fit(until_tokens)
-    if tracker and run_id:
-        realized = {
-            f"data/{ph}/{src}_tokens": tokens
-            for ph, per_source in batches.realized().items()
-            for src, tokens in per_source.items()
-        }
+    log = (lambda records: tracker.log_metrics(run_id, records)) if tracker and run_id else None
+    trainer, batches = build_trainer(spec, log=log, on_warning=logger.warning)
+    with trainer:
+        if resume_from:
+            trainer.resume(Path(resume_from))
+        logger.info("%s %s: training to %d tokens", spec.stage, label, until_tokens)
+        result = trainer.fit(until_tokens)
+    if tracker and run_id and hasattr(batches, "realized"):
+        realized = {f"data/{ph}/{src}_tokens": n for ph, per in batches.realized().items() for src, n in per.items()}
         tracker.log_metrics(run_id, [(result.step, result.tokens_seen, realized)])
-    meta_sha = _weight_sha(result.checkpoint)
-    return CheckpointRef(path=str(result.checkpoint), step=result.step, tokens_seen=result.tokens_seen, sha256=meta_sha)
-
-
-def _weight_sha(checkpoint: Path) -> str:
+    if result.stop_reason == "data_exhausted":
+        logger.warning("%s: the data ran out at %d tokens (every source hit its epoch cap)", spec.stage, result.tokens_seen)
     from model.checkpoint import read_meta
 
-    return read_meta(Path(checkpoint)).weight_sha256
+    meta = read_meta(result.checkpoint)
+    return CheckpointRef(path=str(result.checkpoint), step=result.step, tokens_seen=result.tokens_seen,
+                         sha256=meta.weight_sha256 or "")

@@ -1,0 +1,82 @@
+"""Training a stage in stretches, evaluating at each mark, and asking its gate.
+
+Used by every training stage flow (pretrain, sft, ...). The marks are the ends of the
+stage's phases, plus every `gate.eval_every_tokens` when the stage has a gate. At each mark
+the checkpoint is evaluated (`evaluate`), and the gate decides from what MLflow holds:
+continue, stop (hand on the checkpoint it names) or fail (raise GateFailed with the
+evidence; the pipeline stops). A gated stage is evaluated once before it trains, so
+relative thresholds and guards have a start value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from prefect import get_run_logger
+
+from tasks.evaluate import gate_task
+from tasks.refs import CheckpointRef
+from tasks.tracking import Tracker
+from tasks.train import TrainSpec, train_task
+
+
+class GateFailed(RuntimeError):
+    """A gate answered `fail`: the message carries its reason and evidence."""
+
+    def __init__(self, stage: str, decision: dict):
+        self.decision = decision
+        super().__init__(f"stage {stage}: gate failed: {decision['reason']}")
+
+
+def marks(phase_ends: list[tuple[str, int]], every: int | None, total: int) -> list[tuple[str, int]]:
+    """(label, until_tokens) of each stretch: phase ends and gate evaluation points, sorted."""
+    points = {min(end, total): label for label, end in phase_ends}
+    if every:
+        for t in range(every, total, every):
+            points.setdefault(t, next(label for label, end in phase_ends if t <= end))
+    return sorted(((label, t) for t, label in points.items()), key=lambda x: x[1])
+
+
+def checkpoint_at(out_dir: Path, step: int) -> CheckpointRef | None:
+    """The saved checkpoint of `step` in a stage directory (gates name a step)."""
+    from model.checkpoint import list_checkpoints, read_meta
+
+    for path in list_checkpoints(out_dir):
+        meta = read_meta(path)
+        if meta.step == step:
+            return CheckpointRef(path=str(path), step=meta.step, tokens_seen=meta.tokens_seen, sha256=meta.weight_sha256 or "")
+    return None
+
+
+def run_stretches(
+    spec: TrainSpec,
+    phase_ends: list[tuple[str, int]],
+    total: int,
+    start: CheckpointRef | None,
+    evaluate: Callable[[CheckpointRef], dict],
+    tracker: Tracker,
+    run_id: str,
+    gate=None,
+) -> tuple[CheckpointRef, dict | None]:
+    """Train from `start` through every mark; returns the checkpoint handed on and the last gate decision."""
+    logger = get_run_logger()
+    ckpt, decision = start, None
+    if gate is not None and (ckpt is None or ckpt.tokens_seen == 0):
+        ckpt = ckpt or train_task(spec, "start", 0, None, tracker, run_id)
+        evaluate(ckpt)
+    for label, until in marks(phase_ends, gate.eval_every_tokens if gate else None, total):
+        if ckpt is not None and ckpt.tokens_seen >= until:
+            continue
+        ckpt = train_task(spec, label, until, ckpt.path if ckpt else None, tracker, run_id)
+        evaluate(ckpt)
+        if gate is None:
+            continue
+        decision = gate_task(gate, tracker, run_id, ckpt.tokens_seen, ckpt.tokens_seen >= total)
+        if decision["action"] == "fail":
+            raise GateFailed(spec.stage, decision)
+        if decision["action"] == "stop":
+            named = checkpoint_at(Path(spec.out_dir), decision["step"]) if decision["step"] is not None else None
+            logger.info("%s stops at %d tokens: %s", spec.stage, ckpt.tokens_seen, decision["reason"])
+            return named or ckpt, decision
+    return ckpt, decision
