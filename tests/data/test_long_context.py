@@ -179,3 +179,25 @@ def test_blend_adds_retrieval_inside_phase2_and_refuses_unknown_sources(shards):
 def test_config_refuses_geometry_that_cannot_fill_exactly(bad, message):
     with pytest.raises(ValidationError, match=message):
         _cfg(**bad)
+
+
+def test_doc_qa_shards_feed_the_batches_with_whole_documents(tmp_path):
+    from data.long_context import prepare_doc_qa
+    from data.long_context_config import DocQAConfig
+    from data.shards import TokenShard
+    from data.tokenizer import train_bpe
+    from data.world.doc_qa import doc_qa_texts
+
+    dq = DocQAConfig(documents=30, entities=60, min_paragraphs=2, max_paragraphs=5)
+    tok = train_bpe(doc_qa_texts(30, 0, 60, 2, 5), 400)
+    shards = prepare_doc_qa(tok, tmp_path / "doc_qa", dq, seed=0)
+    train = TokenShard.open(shards.train)
+    assert shards.docs == 30 and train.n_docs + TokenShard.open(shards.val).n_docs == 30
+    longest = max(len(train.doc(i)) for i in range(train.n_docs))
+    cfg = _cfg(lengths=[{"length": 1024, "share": 1}], global_batch_tokens=1024, doc_qa_share=1.0,
+               retrieval_share=0.0, phase2_blend=None, doc_qa=dq)
+    assert longest < 1024
+    batches = LongContextBatches({"doc_qa": train}, cfg, long_context_blend(cfg), seed=0)
+    row = batches.next_batch().micro_batches[0][0].tolist()
+    first = row[: row.index(tok.eos_token_id)]
+    assert "\nAnswer: " in tok.decode(first)  # a whole document: question and answer at its end
