@@ -61,6 +61,20 @@ class LongContextBatch:
     def lengths(self) -> list[int]:
         return [mb.shape[1] - 1 for mb in self.micro_batches]
 
+    # The three calls model.engine.Trainer makes on a global batch: the micro-batches are
+    # already formed (one length each, sized by micro_batch_tokens), so `split` hands them
+    # over as they are, and the LM objective's denominator (sum of rows x length) is the
+    # step's token count: the loss is normalised by tokens, not by sequences.
+    def to(self, device, non_blocking: bool = False) -> "LongContextBatch":
+        return LongContextBatch([mb.to(device, non_blocking=non_blocking) for mb in self.micro_batches], self.tokens)
+
+    def split(self, size: int) -> tuple[torch.Tensor, ...]:
+        return tuple(self.micro_batches)
+
+    @property
+    def device(self) -> torch.device:
+        return self.micro_batches[0].device
+
 
 def long_context_blend(cfg: LongContextDataConfig, phase2_blend: dict[str, float] | None = None) -> dict[str, float]:
     """Source weights: doc_qa_share to `doc_qa`, retrieval_share to the retrieval source, the

@@ -103,3 +103,33 @@ class SFTBlend(_Config):
         if sum(self.weights.values()) <= 0:
             raise ValueError("blend weights must not all be zero")
         return self
+
+
+class SFTWorldConfig(_Config):
+    """The demo world's SFT conversations (data/world/conversations.py), made from the recipe's seed."""
+
+    per_domain: int = Field(200, gt=0)
+    """Conversations generated per domain (arithmetic, calculator, sorting, lookup, format)."""
+    long_context: int = Field(50, ge=0)
+    """Long retrieval conversations (100-600 records each; SFT stage 2)."""
+    eval_fraction: float = Field(0.05, ge=0, lt=1)
+    """Share of prompts held out (by prompt hash) into sft_eval.jsonl: never trained on."""
+    entities: int | None = Field(None, gt=0)
+    """Entities the `format` questions ask about; default the pretraining world's `facts` count
+    (so the questions are about entities the base model read about), else 3000."""
+
+
+class SFTDataConfig(_Config):
+    """Where an SFT stage's conversations come from and which of them it keeps."""
+
+    world: SFTWorldConfig | None = None
+    """Generate the demo world's conversations; sources name them as `@world/sft_<domain>.jsonl`."""
+    sources: list[SFTDataSource] = Field(min_length=1)
+    """Conversation files, each curated on its own, pooled by domain for the blends."""
+    curate: CurateConfig = Field(default_factory=CurateConfig)
+    """Curation thresholds (a source may override max_reject_rate)."""
+    heldout: str | None = None
+    """Held-out conversations scored at every evaluation (loss, greedy answers); default
+    `@world/sft_eval.jsonl` when `world` is set, else none."""
+    heldout_limit: int | None = Field(100, gt=0)
+    """At most this many held-out conversations answered per evaluation (None: all)."""

@@ -67,3 +67,66 @@ def cutoff_plot(runs: dict[str, dict[str, list[tuple[int, int, float]]]], metric
     axes[-1, 0].set_xlabel("tokens seen")
     fig.tight_layout()
     return fig
+
+
+def reject_reasons_plot(rejected: dict[str, dict[str, int]], kept: dict[str, int], title: str = ""):
+    """Curation at a glance: per source, a horizontal bar of kept lines and one per reject reason.
+
+    `rejected` maps a source to {reason: count}, `kept` a source to its kept count. Counts are
+    printed on the bars, so the picture doubles as the table.
+    """
+    rows = [(src, "kept", kept.get(src, 0)) for src in kept]
+    rows += [(src, reason, n) for src in rejected for reason, n in sorted(rejected[src].items())]
+    rows.sort(key=lambda r: (r[0], r[1] != "kept", r[1]))
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.2), dpi=110)
+    labels = [f"{src}: {reason}" for src, reason, _ in rows]
+    counts = [n for _, _, n in rows]
+    colours = ["tab:green" if reason == "kept" else "tab:red" for _, reason, _ in rows]
+    bars = ax.barh(range(len(rows)), counts, color=colours, alpha=0.75)
+    ax.set_xscale("symlog", linthresh=10)
+    for bar, n in zip(bars, counts):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {n}", va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("conversations (log scale)")
+    ax.set_title(title or "SFT curation: kept and rejected per source")
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
+def before_after_plot(base: dict[str, float], final: dict[str, float], title: str = ""):
+    """Paired bars per metric: the starting model's value and the fine-tuned one's, values printed."""
+    names = [k for k in base if k in final]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.2), dpi=110)
+    ys = range(len(names))
+    ax.barh([y - 0.2 for y in ys], [base[k] for k in names], height=0.4, color="tab:grey", label="base")
+    ax.barh([y + 0.2 for y in ys], [final[k] for k in names], height=0.4, color="tab:blue", label="after")
+    for y, k in zip(ys, names):
+        ax.text(max(base[k], final[k]), y, f"  {base[k]:.3g} -> {final[k]:.3g}", va="center", fontsize=7)
+    ax.set_yticks(list(ys), [k.removeprefix("eval/") for k in names], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_title(title or "before / after")
+    ax.legend(loc="lower right", fontsize=7)
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
+def merge_curves(histories: dict[str, list[tuple[int, int, float]]]):
+    """Validation loss of trained checkpoints and of each merge window, over tokens seen."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for key in sorted(histories, key=lambda k: (k != "merge/trained/loss", k)):
+        points = sorted((tokens, value) for _, tokens, value in histories[key])
+        if not points:
+            continue
+        xs, ys = zip(*points)
+        label = "trained" if key == "merge/trained/loss" else f"merge, window {int(key.split('/')[1]):,} tokens"
+        ax.plot(xs, ys, "o-" if label == "trained" else "s--", label=label, linewidth=1.2, markersize=4)
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title("checkpoint merging vs the trained checkpoint")
+    ax.legend(loc="upper right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -657,6 +657,9 @@ def cutoffs_cmd(
     if not runs:
         stages = tracker.stages_in(experiment)
         raise BadInput(f"no runs of stage {stage!r} in experiment {experiment!r}; stages there: {', '.join(stages) or '(none)'}")
+    # A stage trained in sub-stages (sft) gates each sub-stage in its own run; the stage's
+    # own run holds only its before/after evaluations, which a rule must not be replayed on.
+    runs = [r for r in runs if "stagewise.substages" not in r.tags] or runs
     reports = _replay(tracker, runs, parsed)
     if plot is not None:
         plot.parent.mkdir(parents=True, exist_ok=True)

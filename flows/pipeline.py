@@ -2,6 +2,9 @@
 
     pipeline_flow
       ├─ pretrain        (flows/pretrain.py: prepare data -> phases -> validation)
+      ├─ merge           (flows/merge.py: windows merged at every checkpoint -> best kept)
+      ├─ long_context    (flows/long_context.py: doc-QA + retrieval + phase-2, long/short mix)
+      ├─ sft             (flows/sft.py: curate -> blend + pack -> sub-stages -> base vs fine-tuned)
       └─ ... later stages hand each other a StageResult (checkpoint, run id, gate, metrics)
 
 One MLflow parent run per pipeline run (tagged with the Prefect flow-run id), one nested
@@ -16,8 +19,11 @@ import yaml
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from flows.long_context import long_context_flow
+from flows.merge import merge_flow
 from flows.pretrain import pretrain_flow
-from flows.recipe import STAGE_ORDER, LoadedRecipe, Recipe, flatten_recipe, recipe_hash, select_stages
+from flows.recipe import STAGE_ORDER, LoadedRecipe, Recipe, RecipeError, flatten_recipe, recipe_hash, select_stages
+from flows.sft import NO_START, sft_flow, start_checkpoint
 from tasks.refs import StageResult
 from tasks.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker, default_tracking_uri
 
@@ -49,6 +55,22 @@ def pipeline_flow(
                 recipe.model, recipe.data, recipe.tokenizer, recipe.stages.pretrain, recipe.eval, str(workdir), base_dir,
                 recipe.seed, digest, tracker, parent_run_id=parent, resume=resume,
             ))
+        if "merge" in selected:
+            results.append(merge_flow(
+                recipe.stages.merge, results[-1], recipe.stages.pretrain.seq_length, str(workdir), recipe.seed, digest,
+                tracker, parent_run_id=parent,
+            ))
+        if "long_context" in selected:
+            results.append(long_context_flow(
+                recipe.stages.long_context, results[-1], recipe.stages.pretrain.phases[-1].blend, recipe.model,
+                str(workdir), recipe.seed, digest, tracker, parent_run_id=parent, resume=resume,
+            ))
+        if "sft" in selected:
+            results.append(sft_flow(
+                recipe.stages.sft, recipe.model, start_checkpoint(results, recipe.model.from_), recipe.eval,
+                str(workdir), base_dir, recipe.seed, digest, tracker, parent_run_id=parent, resume=resume,
+                world_entities=recipe.data.world.facts if recipe.data.world else 3000,
+            ))
     except BaseException:
         tracker.end_run(parent, "FAILED")
         raise
@@ -57,9 +79,24 @@ def pipeline_flow(
     return results
 
 
+def check_starts(recipe: Recipe, chosen: list[str]) -> None:
+    """RecipeError (exit 2) when a selected stage has no checkpoint to start from."""
+    for stage in ("merge", "long_context"):
+        if stage in chosen and "pretrain" not in chosen:
+            raise RecipeError([f"--stages {','.join(chosen)}: {stage} needs pretrain in the same run (a finished, "
+                               "unchanged pretraining stage is reused without training)"])
+    if "sft" not in chosen or any(STAGE_ORDER.index(s) < STAGE_ORDER.index("sft") for s in chosen):
+        return
+    if recipe.model.from_ is None:
+        raise RecipeError([f"--stages {','.join(chosen)}: {NO_START}"])
+    if not (Path(recipe.model.from_) / "config.json").is_file():
+        raise RecipeError([f"model.from: {recipe.model.from_} is not a checkpoint directory (no config.json)"])
+
+
 def run_pipeline(loaded: LoadedRecipe, stages: list[str] | None = None, resume: bool = False) -> dict:
     """Validate the stage selection, run the flow, and summarise where everything went."""
-    select_stages(loaded.recipe, stages)  # bad input fails before Prefect starts
+    chosen = select_stages(loaded.recipe, stages) or [s for s in STAGE_ORDER if getattr(loaded.recipe.stages, s, None) is not None]
+    check_starts(loaded.recipe, chosen)  # bad input fails before Prefect starts
     results = pipeline_flow(loaded.recipe, str(loaded.path.parent.resolve()), stages, resume)
     workdir = Path(loaded.recipe.workdir).resolve()
     tracker = tracker_for(loaded.recipe, workdir)

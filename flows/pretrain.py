@@ -120,4 +120,5 @@ def pretrain_flow(
         tracker.end_run(run_id, "FAILED")
         raise
     headline = {f"validation_{k}": v for k, v in metrics.items() if k in ("loss", "unigram_baseline")}
-    return StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=decision, metrics=headline)
+    return StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=decision, metrics=headline,
+                       data_root=prepared.root, stage_dir=str(out_dir))

@@ -23,14 +23,16 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from data.config import WORLD_PREFIX, DataConfig, PhaseConfig, TokenizerConfig
+from data.sft_config import SFTBlend, SFTDataConfig
 from eval.gates import GateConfig
-from model.config import ModelConfig, TrainConfig
+from flows.stage_schemas import LongContextStage, MergeStage
+from model.config import LoRAConfig, ModelConfig, TrainConfig
 
 
 class _Config(BaseModel):
@@ -59,11 +61,55 @@ class PretrainStage(TrainConfig):
     """Stop the stage early when this rule holds on its evaluations (see eval/gates.py)."""
 
 
+class SFTSubStage(TrainConfig):
+    """One SFT sub-stage: its blend, packs (seq_length is the pack size), loss normalisation, LR schedule."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Sub-stage name: its MLflow run, metric prefix `sft/<name>/...` and stage directory."""
+    normalization: Literal["token", "conversation"] = "token"
+    """Loss normalisation (ALGORITHMS.md 4): token (every supervised token weighs the same) or
+    conversation (every conversation weighs the same, however long)."""
+    blend: SFTBlend
+    """Domain weights, conversation count and reasoning-off fraction of this sub-stage's sample."""
+    keep_previous: float = Field(0.0, ge=0, le=1)
+    """Share of the previous sub-stage's sample trained on again here, added to this blend's sample
+    (so a later sub-stage does not forget the earlier one's data)."""
+    max_epochs: float | None = Field(None, gt=0)
+    """Passes over the packed rows at most (None: as many as the token budget needs)."""
+    eval_suite: str | None = None
+    """An eval suite (recipe `eval` block) run at this sub-stage's gate marks, besides the held-out conversations."""
+    gate: GateConfig | None = None
+    """Stop the sub-stage early when this rule holds on its evaluations (see eval/gates.py)."""
+    lora: LoRAConfig | None = None
+    """Train LoRA adapters only; every checkpoint is saved merged (a plain model)."""
+
+
+class SFTStage(_Config):
+    """Supervised fine-tuning: curate conversations, then train one or more sub-stages in turn."""
+
+    data: SFTDataConfig
+    """Sources, curation and the optional demo-world conversations."""
+    stages: list[SFTSubStage] = Field(min_length=1)
+    """Sub-stages in order, each starting from the previous one's checkpoint
+    (e.g. short packs and token normalisation, then long packs and conversation normalisation)."""
+    eval_suite: str | None = None
+    """An eval suite scored on the starting (base) model and after every sub-stage: the
+    before/after comparison logged as `sft/<task>/<metric>_delta`."""
+    eval_limit: int | None = Field(None, gt=0)
+    """Items per task of eval_suite (None: all)."""
+
+
 class StagesConfig(_Config):
     """One optional block per stage; a stage runs when its block is present."""
 
     pretrain: PretrainStage | None = None
     """Phased pretraining."""
+    merge: MergeStage | None = None
+    """Merge pretraining checkpoints over windows (decay emulation) and hand on the best."""
+    long_context: LongContextStage | None = None
+    """Long-context continued pretraining from the (merged) pretraining checkpoint."""
+    sft: SFTStage | None = None
+    """Supervised fine-tuning on curated, packed conversations (after pretraining)."""
 
 
 class Recipe(_Config):
@@ -107,7 +153,30 @@ def _cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out = _source_problems([s.name for s in r.data.sources], pre.phases if pre else None, r.tokenizer)
     out += _schedule_problems("stages.pretrain", pre) if pre else []
     out += _suite_problems(r, "stages.pretrain", pre)
+    out += _sft_problems(r) if r.stages.sft else []
+    out += _merge_problems(r)
     return out + _preset_problems(r.model)
+
+
+def _merge_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Merging and long context build on pretraining: its checkpoints, data and last blend."""
+    out = []
+    pre = r.stages.pretrain
+    for name in ("merge", "long_context"):
+        if getattr(r.stages, name) is not None and pre is None:
+            out.append((f"stages.{name}", "needs a stages.pretrain block (it starts from pretraining)", f"stages.{name}"))
+    if r.stages.merge is not None and pre is not None:
+        if not pre.checkpoint_every_tokens:
+            out.append(("stages.pretrain.checkpoint_every_tokens",
+                        "must be set when stages.merge is (merging needs intermediate checkpoints)", "stages.merge"))
+        elif pre.keep_checkpoints:
+            kept = pre.keep_checkpoints * pre.checkpoint_every_tokens
+            for i, w in enumerate(r.stages.merge.windows_tokens):
+                if w > kept:
+                    at = f"stages.merge.windows_tokens[{i}]"
+                    out.append((at, f"window of {w} tokens is longer than the {kept} tokens of checkpoints "
+                                    "stages.pretrain.keep_checkpoints keeps", at))
+    return out
 
 
 def _suite_problems(r: Recipe, at: str, stage: Any) -> list[tuple[str, str, str]]:
@@ -120,6 +189,63 @@ def _suite_problems(r: Recipe, at: str, stage: Any) -> list[tuple[str, str, str]
             known = ", ".join(sorted(r.eval)) or "none; add an `eval:` block"
             out.append((where, f"unknown eval suite {name!r}{_did_you_mean(name, r.eval)}; suites: {known}", where))
     return out
+
+
+SFT_WORLD_FILES = ("sft_arithmetic.jsonl", "sft_calculator.jsonl", "sft_sorting.jsonl", "sft_lookup.jsonl",
+                   "sft_format.jsonl", "sft_long_context.jsonl", "sft_dirty.jsonl")
+"""What `stages.sft.data.world` writes that a source may train on (sft_eval.jsonl is held out)."""
+
+
+def _sft_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Sources, blends, keep_previous, schedules and suites of `stages.sft`."""
+    sft, at = r.stages.sft, "stages.sft"
+    out = _sft_source_problems(sft.data, f"{at}.data")
+    domains = sorted({s.domain_name for s in sft.data.sources})
+    out += _suite_problems(r, at, sft)
+    seen: set[str] = set()
+    for i, sub in enumerate(sft.stages):
+        here = f"{at}.stages[{i}]"
+        if sub.name in seen:
+            out.append((f"{here}.name", f"duplicate sub-stage name {sub.name!r}", f"{here}.name"))
+        seen.add(sub.name)
+        for domain in sub.blend.weights:
+            if domain not in domains:
+                why = f"unknown domain {domain!r}{_did_you_mean(domain, domains)}; the sources' domains: {', '.join(domains)}"
+                out.append((f"{here}.blend.weights.{domain}", why, f"{here}.blend.weights.{domain}"))
+        if i == 0 and sub.keep_previous > 0:
+            why = f"the first sub-stage has no previous one to keep data from; got {sub.keep_previous}"
+            out.append((f"{here}.keep_previous", why, f"{here}.keep_previous"))
+        out += _schedule_problems(here, sub)
+        out += _suite_problems(r, here, sub)
+    return out
+
+
+def _sft_source_problems(data: SFTDataConfig, at: str) -> list[tuple[str, str, str]]:
+    """Unique source names; `@world/` paths need the world block and name a file it writes."""
+    out, seen = [], set()
+    for i, src in enumerate(data.sources):
+        here = f"{at}.sources[{i}]"
+        if src.name in seen:
+            out.append((f"{here}.name", f"duplicate source name {src.name!r}", f"{here}.name"))
+        seen.add(src.name)
+        out += _sft_world_path_problems(f"{here}.path", src.path, data, training=True)
+    if data.heldout is not None:
+        out += _sft_world_path_problems(f"{at}.heldout", data.heldout, data, training=False)
+    return out
+
+
+def _sft_world_path_problems(where: str, path: str, data: SFTDataConfig, training: bool) -> list[tuple[str, str, str]]:
+    if not path.startswith(WORLD_PREFIX):
+        return []
+    if data.world is None:
+        return [(where, f"{WORLD_PREFIX} paths need a `world` block in stages.sft.data (it generates them)", where)]
+    name = path[len(WORLD_PREFIX):]
+    if training and name == "sft_eval.jsonl":
+        return [(where, "sft_eval.jsonl is the held-out set: it is scored, never trained on", where)]
+    files = SFT_WORLD_FILES + (() if training else ("sft_eval.jsonl",))
+    if name not in files:
+        return [(where, f"the SFT world writes no {name!r}{_did_you_mean(name, files)}; files: {', '.join(files)}", where)]
+    return []
 
 
 def _preset_problems(model: ModelConfig) -> list[tuple[str, str, str]]:
@@ -205,7 +331,7 @@ def _did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
 
 # --------------------------------------------------------------------------- stages
 
-STAGE_ORDER = ("pretrain", "long_context", "merge", "sft", "rl", "distill", "quantize")
+STAGE_ORDER = ("pretrain", "merge", "long_context", "sft", "rl", "distill", "quantize")
 """Every stage the design names, in pipeline order; later issues add the missing blocks."""
 
 
@@ -572,13 +698,17 @@ def _interpolate(value: str, recipe: Recipe) -> str:
 
 def _rebase_sources(raw: dict, sources: dict, top: Path) -> None:
     """Relative source paths inherited from a base in another folder stay relative to that base."""
-    for i, src in enumerate((raw.get("data") or {}).get("sources") or []):
-        p = src.get("path") if isinstance(src, dict) else None
-        file, line = sources.get(f"data.sources[{i}].path", ("", 0))
-        if not isinstance(p, str) or not line or p.startswith(WORLD_PREFIX) or os.path.isabs(p):
-            continue
-        if Path(file).parent != top.parent:
-            src["path"] = os.path.relpath(Path(file).parent / p, top.parent)
+    sft = ((raw.get("stages") or {}).get("sft") or {}) if isinstance(raw.get("stages"), dict) else {}
+    sft_data = sft.get("data") if isinstance(sft, dict) and isinstance(sft.get("data"), dict) else {}
+    for at, items in (("data.sources", (raw.get("data") or {}).get("sources")),
+                      ("stages.sft.data.sources", sft_data.get("sources"))):
+        for i, src in enumerate(items if isinstance(items, list) else []):
+            p = src.get("path") if isinstance(src, dict) else None
+            file, line = sources.get(f"{at}[{i}].path", ("", 0))
+            if not isinstance(p, str) or not line or p.startswith(WORLD_PREFIX) or os.path.isabs(p):
+                continue
+            if Path(file).parent != top.parent:
+                src["path"] = os.path.relpath(Path(file).parent / p, top.parent)
 
 
 def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> LoadedRecipe:

@@ -132,3 +132,28 @@ class TrainConfig(_Config):
     def total_steps(self) -> int:
         """Optimizer steps in the stage (the budget rounded down to whole steps)."""
         return self.tokens // self.tokens_per_step
+
+
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "up_proj", "down_proj")
+"""model/lora.py's default targets (attention, Mamba in_proj, dense and shared-expert MLPs)."""
+
+
+class LoRAConfig(_Config):
+    """Train low-rank adapters instead of every weight (model/lora.py); merged into a plain checkpoint."""
+
+    r: int = Field(16, gt=0)
+    """Adapter rank."""
+    alpha: float = Field(32.0, gt=0)
+    """Scale: the update is (alpha / r) B A."""
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))
+    """Module-name suffixes that get adapters (not the Mamba out_proj: its fused kernel skips adapters)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input."""
+
+    @model_validator(mode="after")
+    def _targets(self) -> "LoRAConfig":
+        if not self.target_modules:
+            raise ValueError("target_modules must name at least one module")
+        if "out_proj" in self.target_modules:
+            raise ValueError("target_modules may not include 'out_proj' (Mamba): the fused mamba-ssm kernel bypasses its adapter")
+        return self

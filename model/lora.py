@@ -24,11 +24,13 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "up_proj",
 
 
 def apply_lora(model: torch.nn.Module, r: int = 16, alpha: float = 32.0,
-               target_modules: Sequence[str] = DEFAULT_TARGETS, dropout: float = 0.0) -> torch.nn.Module:
+               target_modules: Sequence[str] = DEFAULT_TARGETS, dropout: float = 0.0,
+               seed: int | None = None) -> torch.nn.Module:
     """Wrap `model` in a peft LoRA model (base weights frozen, adapters trainable).
 
     `target_modules` are module-name suffixes (peft's matching). LoRA B starts at zero, so
-    the wrapped model computes exactly what the base model did."""
+    the wrapped model computes exactly what the base model did. With `seed`, the random
+    A matrices are drawn from it (same seed, same adapters) without touching the global RNG."""
     from peft import LoraConfig, get_peft_model
 
     if r <= 0:
@@ -36,7 +38,11 @@ def apply_lora(model: torch.nn.Module, r: int = 16, alpha: float = 32.0,
     if "out_proj" in target_modules:
         raise ValueError("target 'out_proj' (Mamba) is not supported: the fused mamba-ssm kernel bypasses its adapter")
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none")
-    return get_peft_model(model, cfg)
+    if seed is None:
+        return get_peft_model(model, cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, cfg)
 
 
 def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
@@ -54,3 +60,79 @@ def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
     total = sum(p.numel() for p in model.parameters())
     return sum(p.numel() for p in model.parameters() if p.requires_grad), total
+
+
+# ---------------------------------------------------------------- training with adapters
+
+LORA_STATE = "lora"
+"""Key of the adapter weights in a checkpoint's trainer state (monitors.pt)."""
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable adapter tensors by name (what a LoRA checkpoint must keep to resume)."""
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A plain model with the adapters folded in; `model` keeps training untouched.
+
+    Costs one extra copy of the weights while a checkpoint is written."""
+    import copy
+
+    return merge_lora(copy.deepcopy(model))
+
+
+def lora_trainer_class():
+    """model.engine.Trainer for a peft-wrapped model: every checkpoint is the *merged* plain
+    model (loadable by AutoModelForCausalLM, evaluable, hand-off-able), and the adapters ride
+    in the trainer state, so `resume` continues exactly (the base weights are the stage's
+    starting checkpoint, which the wrapped model was built from)."""
+    from model import checkpoint as ck
+    from model.engine import Trainer
+    from model.rng import capture_rng, restore_rng
+
+    class LoRATrainer(Trainer):
+        def save(self):
+            plain = merged_copy(self.model)
+            meta = ck.CheckpointMeta(self.stage, self.step, self.tokens_seen, self.recipe_hash, self.parent,
+                                     extra={**self._meta_extra(), "lora": True})
+            monitors = {"routing": self.routing.state_dict()} if self.routing is not None else {}
+            monitors[LORA_STATE] = adapter_state(self.model)
+            state = ck.TrainerState(
+                optimizer=self.optimizer.state_dict(),
+                progress={"step": self.step, "tokens_seen": self.tokens_seen},
+                rng=capture_rng(),
+                loader=self.batches.state_dict() if hasattr(self.batches, "state_dict") else None,
+                monitors=monitors,
+            )
+            path = ck.save_checkpoint(self.out_dir / f"step-{self.step:08d}", plain, self.tokenizer_dir, meta, state)
+            del plain
+            self.last_checkpoint, self._saved_step, self.parent = path, self.step, str(path)
+            self._prune()
+            return path
+
+        def resume(self, ckpt_dir):
+            from pathlib import Path
+
+            ckpt_dir = Path(ckpt_dir)
+            meta = ck.read_meta(ckpt_dir)
+            state = ck.load_trainer_state(ckpt_dir)
+            if state is None or LORA_STATE not in state.monitors:
+                raise ValueError(f"{ckpt_dir} holds no LoRA adapter state: it was not saved by a LoRA stage")
+            if meta.stage != self.stage:
+                raise ValueError(f"{ckpt_dir} belongs to stage {meta.stage!r}, not {self.stage!r}")
+            named = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for name, tensor in state.monitors[LORA_STATE].items():
+                    named[name].copy_(tensor)
+            self.optimizer.load_state_dict(state.optimizer)
+            self.step = int(state.progress["step"])
+            self.tokens_seen = int(state.progress["tokens_seen"])
+            restore_rng(state.rng)
+            if state.loader is not None and hasattr(self.batches, "load_state_dict"):
+                self.batches.load_state_dict(state.loader)
+            if self.routing is not None and "routing" in state.monitors:
+                self.routing.load_state_dict(state.monitors["routing"])
+            self.last_checkpoint, self._saved_step, self.parent = ckpt_dir, self.step, str(ckpt_dir)
+
+    return LoRATrainer

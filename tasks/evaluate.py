@@ -27,8 +27,12 @@ def validation_task(
     max_tokens: int,
     tracker: Tracker | None = None,
     run_id: str | None = None,
+    prefix: str = "eval/validation",
 ) -> dict[str, float]:
-    """Held-out loss of a checkpoint, per source and overall, next to the unigram baseline."""
+    """Held-out loss of a checkpoint, per source and overall, next to the unigram baseline.
+
+    Logged as `<prefix>/<name>`; the merge stage scores trained and merged checkpoints with
+    prefixes `merge/trained` and `merge/<window>` so they sit side by side in MLflow."""
     from data.prepare import PreparedData
     from data.stats import unigram_cross_entropy
     from eval.validation import validation_loss
@@ -42,7 +46,7 @@ def validation_task(
         metrics["loss"], metrics["unigram_baseline"], checkpoint.tokens_seen,
     )
     if tracker and run_id:
-        named = {f"eval/validation/{k}": v for k, v in metrics.items()}
+        named = {f"{prefix}/{k}": v for k, v in metrics.items()}
         tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, named)])
     return metrics
 
@@ -95,3 +99,36 @@ def gate_task(gate, tracker: Tracker, run_id: str, tokens_seen: int, budget_exha
     tracker.log_json(run_id, out, f"gate/decision_{tokens_seen:012d}.json")
     get_run_logger().info("gate: %s (%s)", decision.action, decision.reason)
     return out
+
+
+HELDOUT_TASK = "sft_heldout"
+"""Metric prefix of the held-out conversations: eval/sft_heldout/{loss,exact_match,exact_match_<domain>}."""
+
+
+@task(name="heldout-conversations", cache_policy=NO_CACHE)
+def heldout_task(
+    checkpoint: CheckpointRef,
+    heldout: str,
+    pack_size: int,
+    limit: int | None = None,
+    tracker: Tracker | None = None,
+    run_id: str | None = None,
+) -> dict[str, float]:
+    """Held-out conversations (eval/heldout.py): greedy exact match and SFT loss of a checkpoint,
+    logged as `eval/sft_heldout/<metric>` at the checkpoint's step."""
+    from transformers import AutoTokenizer
+
+    from eval.heldout import heldout_answers, heldout_loss, read_conversations
+    from model.build import load_model
+
+    model = load_model(Path(checkpoint.path))
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint.path)
+    convs = read_conversations(heldout)
+    metrics = heldout_answers(model, tokenizer, convs, limit)
+    metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit)
+    named = {f"eval/{HELDOUT_TASK}/{k}": v for k, v in metrics.items()}
+    get_run_logger().info("held-out conversations at %d tokens: %s", checkpoint.tokens_seen,
+                          ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
+    if tracker and run_id:
+        tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, named)])
+    return named

@@ -29,3 +29,7 @@ class StageResult(BaseModel):
     run_id: str
     gate: dict | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
+    data_root: str | None = None
+    """The prepared pretraining data the stage saw (later stages score on its held-out shards)."""
+    stage_dir: str | None = None
+    """The stage's checkpoint directory (merging reads every checkpoint in it)."""

@@ -97,6 +97,10 @@ class Tracker:
     def log_figure(self, run_id: str, figure: Any, artifact_file: str) -> None:
         self.client().log_figure(run_id, figure, artifact_file)
 
+    def log_artifact(self, run_id: str, path: str | Path, artifact_dir: str | None = None) -> None:
+        """Copy a file into the run's artifacts (under `artifact_dir` when given)."""
+        self.client().log_artifact(run_id, str(path), artifact_dir)
+
     def register_checkpoint(self, model_name: str, checkpoint: Path, run_id: str, alias: str) -> str:
         """Register a checkpoint directory as a model version and point `alias` at it."""
         client = self.client()

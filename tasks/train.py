@@ -17,7 +17,8 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from data.config import PhaseConfig
-from model.config import ModelConfig, TrainConfig
+from data.long_context_config import LongContextDataConfig
+from model.config import LoRAConfig, ModelConfig, TrainConfig
 from tasks.refs import CheckpointRef, PreparedRef
 from tasks.tracking import Tracker
 
@@ -40,13 +41,23 @@ class PackedData(BaseModel):
     max_epochs: float | None = None
 
 
+class LongContextData(BaseModel):
+    """Long-context data: token shards per source, a length mix and a token blend."""
+
+    kind: Literal["long_context"] = "long_context"
+    shards: dict[str, str]
+    config: LongContextDataConfig
+    blend: dict[str, float]
+    tokenizer_dir: str
+
+
 class TrainSpec(BaseModel):
     """Everything a training task needs, and nothing else of the recipe."""
 
     stage: str
     model: ModelConfig
     train: TrainConfig
-    data: Annotated[Union[ShardData, PackedData], Field(discriminator="kind")]
+    data: Annotated[Union[ShardData, PackedData, LongContextData], Field(discriminator="kind")]
     objective: Literal["lm", "sft_token", "sft_conversation"] = "lm"
     out_dir: str
     seed: int
@@ -54,6 +65,8 @@ class TrainSpec(BaseModel):
     parent: str | None = None
     """The checkpoint this stage starts from (recorded as the first checkpoint's parent)."""
     device: str = "cpu"
+    lora: LoRAConfig | None = None
+    """Train LoRA adapters on the model (model/lora.py); every checkpoint is saved merged."""
 
 
 def tokenizer_dir(spec: TrainSpec) -> Path:
@@ -74,6 +87,12 @@ def _batches(spec: TrainSpec, on_warning):
         t = spec.train
         return PretrainBatches(prepared, spec.data.phases, spec.data.max_epochs, t.seq_length, t.global_batch,
                                t.tokens, spec.seed, on_warning=on_warning)
+    if isinstance(spec.data, LongContextData):
+        from data.long_context import LongContextBatches
+        from data.shards import TokenShard
+
+        shards = {name: TokenShard.open(Path(path)) for name, path in spec.data.shards.items()}
+        return LongContextBatches(shards, spec.data.config, spec.data.blend, spec.seed)
     from data.sft_data import PackedBatches, load_packed
 
     return PackedBatches(load_packed(spec.data.rows), spec.train.global_batch, seed=spec.seed,
@@ -100,7 +119,14 @@ def build_trainer(spec: TrainSpec, log=None, on_warning=None, progress: bool = T
     vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
     model = build_model(spec.model, vocab_size=vocab, seed=spec.seed, device=spec.device)
     batches = _batches(spec, on_warning)
-    trainer = Trainer(
+    trainer_class = Trainer
+    if spec.lora is not None:
+        from model.lora import apply_lora, lora_trainer_class
+
+        model = apply_lora(model, spec.lora.r, spec.lora.alpha, spec.lora.target_modules, spec.lora.dropout,
+                           seed=spec.seed)
+        trainer_class = lora_trainer_class()
+    trainer = trainer_class(
         model, spec.train, batches, _objective(spec), out_dir=Path(spec.out_dir), stage=spec.stage,
         tokenizer_dir=tok_dir, recipe_hash=spec.recipe_hash, log=log, device=spec.device,
         progress=progress, parent=spec.parent,
@@ -127,7 +153,11 @@ def train_task(
         logger.info("%s %s: training to %d tokens", spec.stage, label, until_tokens)
         result = trainer.fit(until_tokens)
     if tracker and run_id and hasattr(batches, "realized"):
-        realized = {f"data/{ph}/{src}_tokens": n for ph, per in batches.realized().items() for src, n in per.items()}
+        realized = {}
+        for key, value in batches.realized().items():  # per phase per source, or per source
+            per = value if isinstance(value, dict) else {key: value}
+            prefix = key if isinstance(value, dict) else spec.stage
+            realized |= {f"data/{prefix}/{src}_tokens": n for src, n in per.items()}
         tracker.log_metrics(run_id, [(result.step, result.tokens_seen, realized)])
     if result.stop_reason == "data_exhausted":
         logger.warning("%s: the data ran out at %d tokens (every source hit its epoch cap)", spec.stage, result.tokens_seen)

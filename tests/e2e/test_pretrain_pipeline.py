@@ -1,8 +1,10 @@
-"""End to end: `stagewise run recipes/tiny.yaml --stages pretrain` on CPU.
+"""End to end: `stagewise run recipes/tiny.yaml --stages pretrain,merge,long_context` on CPU.
 
 Checks what a user relies on: the command finishes, the validation loss falls well below
-the unigram baseline, the final checkpoint loads with transformers, and MLflow holds the
-parent and nested stage runs with the engine's metrics.
+the unigram baseline, the final checkpoint loads with transformers, MLflow holds the
+parent and nested stage runs with the engine's metrics, merges are scored next to the
+trained checkpoints at every checkpoint, and the long-context stage reports retrieval and
+per-length loss before and after. One run serves all the tests (pretraining is the cost).
 """
 
 import json
@@ -21,9 +23,13 @@ TOKENS = 400_000  # enough to beat the unigram baseline clearly, short enough fo
 def pipeline_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tiny")
     cmd = [
-        sys.executable, "-m", "flows.cli", "run", str(ROOT / "recipes" / "tiny.yaml"), "--stages", "pretrain",
+        sys.executable, "-m", "flows.cli", "run", str(ROOT / "recipes" / "tiny.yaml"),
+        "--stages", "pretrain,merge,long_context",
         "--set", f"workdir={workdir}", "--set", f"stages.pretrain.tokens={TOKENS}",
-        "--set", "stages.pretrain.checkpoint_every_tokens=100000", "--json",
+        "--set", "stages.pretrain.checkpoint_every_tokens=49152",
+        "--set", "stages.merge.windows_tokens=[98304,196608]", "--set", "stages.merge.val_tokens=16384",
+        "--set", "stages.long_context.tokens=49152", "--set", "stages.long_context.needle_per_length=8",
+        "--set", "stages.long_context.data.doc_qa.documents=120", "--json",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, CI="1"), timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -34,6 +40,7 @@ def pipeline_run(tmp_path_factory):
 @pytest.mark.slow
 def test_validation_loss_beats_unigram_baseline(pipeline_run):
     _, summary = pipeline_run
+    assert [s["stage"] for s in summary["stages"]] == ["pretrain", "merge", "long_context"]
     metrics = summary["stages"][0]["metrics"]
     assert metrics["validation_loss"] < metrics["validation_unigram_baseline"] - 1.0, metrics
 
@@ -66,7 +73,8 @@ def test_mlflow_holds_parent_and_stage_runs(pipeline_run):
     stage_runs = [r for r in runs if r.data.tags.get("stagewise.stage") == "pretrain"]
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(stage_runs) == 1 and len(parents) == 1
-    assert stage_runs[0].data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+    assert {r.data.tags.get("stagewise.stage") for r in runs} >= {"pretrain", "merge", "long_context"}
+    assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in runs if r is not parents[0])
     assert parents[0].data.tags.get("prefect.flow_run_id")
     metrics = stage_runs[0].data.metrics
     for name in ("train/lm_loss", "train/lb_loss", "train/grad_norm", "train/params_norm", "train/num_zeros",
@@ -78,3 +86,49 @@ def test_mlflow_holds_parent_and_stage_runs(pipeline_run):
     assert len(history) >= 10 and history[-1].value < history[0].value
     artifacts = [a.path for a in client.list_artifacts(stage_runs[0].info.run_id, "reports")]
     assert "reports/pretrain_loss.png" in artifacts
+
+
+def _stage_run(summary, stage):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=summary["tracking_uri"])
+    run_id = next(s["run_id"] for s in summary["stages"] if s["stage"] == stage)
+    return client, run_id
+
+
+@pytest.mark.slow
+def test_merges_are_scored_next_to_trained_checkpoints(pipeline_run):
+    _, summary = pipeline_run
+    client, run_id = _stage_run(summary, "merge")
+    trained = client.get_metric_history(run_id, "merge/trained/loss")
+    small = client.get_metric_history(run_id, "merge/98304/loss")
+    large = client.get_metric_history(run_id, "merge/196608/loss")
+    assert len(trained) >= 8  # every pretraining checkpoint
+    assert len(small) == len(trained) - 2 and len(large) == len(trained) - 4  # windows that fit
+    merge = summary["stages"][1]
+    best = merge["metrics"]["best_merge_loss"]
+    assert best == pytest.approx(min(m.value for m in small + large))
+    handed_merge = merge["checkpoint"] != summary["stages"][0]["checkpoint"]
+    assert handed_merge == (best < merge["metrics"]["trained_loss"])
+    manifest = Path(merge["checkpoint"]) / "merge_manifest.json"
+    assert manifest.exists() == handed_merge
+    artifacts = [a.path for a in client.list_artifacts(run_id, "reports")]
+    assert "reports/merge_vs_trained.png" in artifacts
+
+
+@pytest.mark.slow
+def test_long_context_reports_before_and_after(pipeline_run):
+    from transformers import AutoModelForCausalLM
+
+    _, summary = pipeline_run
+    client, run_id = _stage_run(summary, "long_context")
+    for length in (256, 1024, 2048):
+        acc = client.get_metric_history(run_id, f"eval/needle/{length}/accuracy")
+        loss = client.get_metric_history(run_id, f"eval/loss/{length}")
+        assert len(acc) >= 2 and len(loss) >= 2  # before (step 0) and after
+        assert {m.step for m in acc} >= {0}
+    train = client.get_metric_history(run_id, "train/lm_loss")
+    assert len(train) == 3  # 49,152 tokens at 16,384 tokens per step
+    lc = summary["stages"][2]
+    assert Path(lc["checkpoint"]).parent.name.startswith("long_context-")
+    AutoModelForCausalLM.from_pretrained(lc["checkpoint"])

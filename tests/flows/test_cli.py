@@ -153,8 +153,8 @@ def test_run_passes_the_loaded_recipe_and_stages(fake_pipeline, tmp_path):
 
 
 def test_run_rejects_unknown_and_future_stages_before_running(fake_pipeline, tmp_path):
-    result = invoke("run", str(small_recipe(tmp_path)), "--stages", "pretrain,sft")
-    assert result.exit_code == 2 and "'sft' is not available yet" in result.output
+    result = invoke("run", str(small_recipe(tmp_path)), "--stages", "pretrain,rl")
+    assert result.exit_code == 2 and "'rl' is not available yet" in result.output
     assert fake_pipeline == []
 
 

@@ -60,3 +60,57 @@ def test_refuses_mamba_out_proj_and_plain_models(model_factory):
         apply_lora(model_factory(), target_modules=["out_proj"])
     with pytest.raises(ValueError, match="no LoRA adapters"):
         merge_lora(model_factory())
+
+
+def _packed_rows(n: int = 32, length: int = 16) -> dict:
+    """Packed SFT rows: one conversation per row, every next token supervised."""
+    import numpy as np
+
+    ids = np.random.default_rng(0).integers(3, 256, (n, length))
+    labels = np.concatenate([ids[:, 1:], np.full((n, 1), -100)], axis=1)
+    return {"input_ids": ids, "labels": labels, "position_ids": np.tile(np.arange(length), (n, 1)),
+            "seq_idx": np.zeros((n, length), dtype=np.int32)}
+
+
+def _lora_trainer(model_factory, out_dir, logs, steps=6):
+    from data.sft_data import PackedBatches
+    from model.config import TrainConfig
+    from model.lora import lora_trainer_class
+    from model.objectives.sft import SFTObjective
+
+    cfg = TrainConfig(tokens=steps * 64, seq_length=16, global_batch=4, micro_batch=2,
+                      optimizer={"lr": 1e-2, "weight_decay": 0.0})
+    model = apply_lora(model_factory(), r=4, alpha=8, seed=0)
+    return lora_trainer_class()(model, cfg, PackedBatches(_packed_rows(), 4, seed=0), SFTObjective("token"), out_dir,
+                                "sft", None, "h", log=logs.extend, progress=False)
+
+
+def test_lora_trainer_saves_merged_checkpoints_and_resumes_exactly(tmp_path, model_factory):
+    from model.checkpoint import read_meta
+
+    straight: list = []
+    a = _lora_trainer(model_factory, tmp_path / "a", straight)
+    final = a.fit().checkpoint
+    plain = AutoModelForCausalLM.from_pretrained(final)  # a normal checkpoint: no adapters, no peft
+    assert type(plain) is NemotronHForCausalLM and not any("lora" in n for n, _ in plain.named_parameters())
+    assert read_meta(final).extra["lora"] is True
+    ids = torch.randint(3, 256, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(plain.eval()(input_ids=ids).logits, a.model.eval()(input_ids=ids).logits,
+                                   atol=1e-5, rtol=1e-4)
+    base = model_factory()
+    assert any(not torch.equal(p, q) for p, q in zip(plain.state_dict().values(), base.state_dict().values()))
+
+    first, second = [], []
+    b1 = _lora_trainer(model_factory, tmp_path / "b", first)
+    mid = b1.fit(until_tokens=3 * 64).checkpoint
+    b2 = _lora_trainer(model_factory, tmp_path / "b", second)
+    b2.resume(mid)
+    b2.fit()
+    losses = [m["train/lm_loss"] for _, _, m in first + second]
+    assert losses == pytest.approx([m["train/lm_loss"] for _, _, m in straight], abs=1e-5)
+    with pytest.raises(ValueError, match="no LoRA adapter state"):
+        from model.checkpoint import CheckpointMeta, save_checkpoint
+
+        plain_ckpt = save_checkpoint(tmp_path / "plain", model_factory(), None, CheckpointMeta("sft", 1, 1, "h"))
+        _lora_trainer(model_factory, tmp_path / "c", []).resume(plain_ckpt)

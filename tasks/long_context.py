@@ -1,0 +1,61 @@
+"""Prefect tasks of the long-context stage: document-QA shards, and the needle evaluation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from data.long_context_config import DocQAConfig
+from tasks.refs import CheckpointRef
+from tasks.tracking import Tracker
+
+
+@task(name="prepare-doc-qa", cache_policy=NO_CACHE)
+def doc_qa_task(tokenizer_dir: str, cfg: DocQAConfig, seed: int, workdir: str) -> dict[str, str]:
+    """Document-QA train/val shards under `<workdir>/data/doc_qa-<hash>` (reused when present)."""
+    from data.long_context import prepare_doc_qa
+    from transformers import AutoTokenizer
+
+    tok_files = sorted(p for p in Path(tokenizer_dir).glob("tokenizer*.json"))
+    key = json.dumps([cfg.model_dump(), seed, [hashlib.sha256(p.read_bytes()).hexdigest() for p in tok_files]])
+    out = Path(workdir) / "data" / f"doc_qa-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if not (out / "train").exists():
+        prepare_doc_qa(AutoTokenizer.from_pretrained(tokenizer_dir), out, cfg, seed)
+        get_run_logger().info("document QA shards written to %s", out)
+    return {"train": str(out / "train"), "val": str(out / "val")}
+
+
+@task(name="needle-eval", cache_policy=NO_CACHE)
+def needle_task(
+    checkpoint: CheckpointRef,
+    lengths: list[int],
+    per_length: int,
+    val_shards: dict[str, str],
+    seed: int,
+    tracker: Tracker | None = None,
+    run_id: str | None = None,
+    at: tuple[int, int] | None = None,
+) -> dict[str, float]:
+    """Retrieval accuracy and per-length loss; logged as `eval/needle/...` and `eval/loss/<len>`.
+
+    `at` overrides the (step, tokens) the metrics are logged at (the start model of a stage is
+    logged at 0, whatever its own step was in the stage that made it)."""
+    from data.shards import TokenShard
+    from eval.needle import needle_eval
+    from model.build import load_model
+    from transformers import AutoTokenizer
+
+    model = load_model(Path(checkpoint.path))
+    tok = AutoTokenizer.from_pretrained(checkpoint.path)
+    streams = {name: TokenShard.open(Path(p)).tokens for name, p in val_shards.items()}
+    metrics = {f"eval/{k}": v for k, v in needle_eval(model, tok, lengths, per_length, seed, streams=streams).items()}
+    step, tokens = at if at is not None else (checkpoint.step, checkpoint.tokens_seen)
+    get_run_logger().info("needle eval at %d tokens: %s", tokens,
+                          ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
+    if tracker and run_id:
+        tracker.log_metrics(run_id, [(step, tokens, metrics)])
+    return metrics

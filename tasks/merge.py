@@ -1,0 +1,65 @@
+"""Prefect task: at one pretraining checkpoint, merge every window that fits and score it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.evaluate import validation_task
+from tasks.refs import CheckpointRef, PreparedRef
+from tasks.tracking import Tracker
+
+
+def _ref(path: Path) -> CheckpointRef:
+    from model.checkpoint import read_meta
+
+    meta = read_meta(path)
+    return CheckpointRef(path=str(path), step=meta.step, tokens_seen=meta.tokens_seen, sha256=meta.weight_sha256 or "")
+
+
+@task(name="merge-at-checkpoint", cache_policy=NO_CACHE)
+def merge_at_checkpoint_task(
+    checkpoints: list[tuple[str, int]],
+    end: str,
+    windows_tokens: list[int],
+    schedule: str,
+    ordering: str,
+    seed: int,
+    out_root: str,
+    prepared: PreparedRef,
+    seq_length: int,
+    val_tokens: int,
+    recipe_hash: str,
+    tracker: Tracker,
+    run_id: str,
+) -> dict:
+    """Score the trained checkpoint `end` and the merge of each window ending there.
+
+    Returns {"trained": loss, "merges": {window: (loss, path)}}; merged checkpoints are
+    written under `out_root/<step>-w<window>` (the caller keeps only the best)."""
+    from model.merge import merge_checkpoints, merge_coefficients, select_window
+
+    logger = get_run_logger()
+    trained = _ref(Path(end))
+    out = {"trained": validation_task.fn(trained, prepared, seq_length, val_tokens, tracker, run_id,
+                                         prefix="merge/trained")["loss"], "merges": {}}
+    for w in windows_tokens:
+        window = select_window(checkpoints, end=end, window_tokens=w)
+        if not window.fits:
+            logger.info("window %d at %d tokens: %s", w, trained.tokens_seen, window.reason)
+            continue
+        target = Path(out_root) / f"step-{trained.step:08d}-w{w}"
+        if target.exists():
+            shutil.rmtree(target)
+        coeffs = merge_coefficients(len(window.paths), schedule, ordering, seed)
+        merged = merge_checkpoints(window.paths, coeffs, target, schedule, ordering=ordering, seed=seed,
+                                   window_tokens=w, recipe_hash=recipe_hash)
+        ref = CheckpointRef(path=str(merged), step=trained.step, tokens_seen=trained.tokens_seen)
+        loss = validation_task.fn(ref, prepared, seq_length, val_tokens, tracker, run_id, prefix=f"merge/{w}")["loss"]
+        out["merges"][w] = (loss, str(merged))
+        logger.info("window %d at %d tokens (%d checkpoints): merged %.4f vs trained %.4f",
+                    w, trained.tokens_seen, len(window.paths), loss, out["trained"])
+    return out

@@ -1,0 +1,133 @@
+"""End to end: `stagewise run recipes/tiny.yaml --stages pretrain,sft` on CPU.
+
+The pretraining is the session's shared one (tests/e2e/conftest.py): this run finds its
+finished stage directory and trains nothing there, then fine-tunes through both SFT
+sub-stages with small token budgets. Checks what a user relies on: the command finishes,
+MLflow holds the sft run (curation report and rejects, packing efficiency, evaluations
+before and after, deltas) and one run per sub-stage, the registered `sft` checkpoint loads
+with transformers and carries the chat template, and the fine-tuned model answers the
+held-out conversations better than the base.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+# Budgets for a few minutes on a 2-core CPU: stage 1 12 steps of 8 x 512-token packs,
+# stage 2 2 steps of 2 x 4096. Evaluations: 60 held-out conversations and 30 items of
+# world_chat_format, on the base and after each sub-stage.
+STAGE2_TOKENS = 16_384
+SFT_SETS = [
+    "stages.sft.stages[0].tokens=49152", "stages.sft.stages[0].schedule.warmup_tokens=8192",
+    f"stages.sft.stages[1].tokens={STAGE2_TOKENS}",
+    "stages.sft.data.heldout_limit=60", "stages.sft.eval_limit=30", "eval.chat=[world_chat_format]",
+]
+
+
+@pytest.fixture(scope="module")
+def sft_run(tiny_pretrain, cli):
+    proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft", *cli.sets(*tiny_pretrain.sets, *SFT_SETS), "--json")
+    summary = cli.summary(proc)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=summary["tracking_uri"], registry_uri=summary["tracking_uri"])
+    runs = client.search_runs([client.get_experiment_by_name(summary["experiment"]).experiment_id])
+    return summary, client, runs
+
+
+def _run(runs, **tags):
+    found = [r for r in runs if all(r.data.tags.get(k) == v for k, v in tags.items())]
+    assert len(found) == 1, [(r.info.run_name, r.data.tags.get("stagewise.stage")) for r in runs]
+    return found[0]
+
+
+def _history(client, run, name):
+    return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step)]
+
+
+@pytest.mark.slow
+def test_pipeline_reuses_pretrain_and_hands_its_checkpoint_to_sft(sft_run, tiny_pretrain):
+    summary, client, runs = sft_run
+    assert [s["stage"] for s in summary["stages"]] == ["pretrain", "sft"]
+    assert summary["stages"][0]["checkpoint"] == str(tiny_pretrain.checkpoint)
+    pretrain_runs = [r for r in runs if r.data.tags.get("stagewise.stage") == "pretrain"]
+    assert any(r.data.tags.get("stagewise.reused") == "true" for r in pretrain_runs)
+    sft = _run(runs, **{"stagewise.stage": "sft", "stagewise.substages": "stage1,stage2"})
+    assert sft.data.tags["stagewise.start_checkpoint"] == str(tiny_pretrain.checkpoint)
+    meta = json.loads((Path(summary["stages"][1]["checkpoint"]) / "stagewise.json").read_text())
+    assert meta["stage"] == "sft" and meta["tokens_seen"] == STAGE2_TOKENS
+
+
+@pytest.mark.slow
+def test_mlflow_holds_curation_packing_and_before_after(sft_run):
+    _, client, runs = sft_run
+    sft = _run(runs, **{"stagewise.stage": "sft", "stagewise.substages": "stage1,stage2"})
+    m = sft.data.metrics
+    assert m["sft/curate/dirty/malformed_json"] == 2 and m["sft/curate/dirty/kept"] == 80
+    assert m["sft/curate/arithmetic/reject_rate"] <= 0.05
+    for sub in ("stage1", "stage2"):
+        assert 0.8 < m[f"sft/{sub}/pack_efficiency"] <= 1 and m[f"sft/{sub}/supervised_tokens"] > 0
+        assert m[f"sft/{sub}/packs"] >= 8 and f"sft/{sub}/mix/arithmetic" in m
+    assert m["sft/stage2/mix/kept_previous"] > 0 and m["sft/stage2/mix/long_context"] > 0
+    assert m["sft/stage2/dropped"] > 0  # the longest records overflow 4096-token packs: dropped, counted
+    artifacts = {a.path for d in ("curation", "reports", "data") for a in client.list_artifacts(sft.info.run_id, d)}
+    assert {"curation/summary.json", "curation/reject_reasons.png", "curation/dirty.rejects.jsonl",
+            "reports/sft_before_after.png", "reports/sft_before_after.json", "data/stage1.json"} <= artifacts
+    for name in ("eval/sft_heldout/exact_match", "eval/sft_heldout/loss", "eval/world_chat_format/exact_match"):
+        steps = [s for s, _ in _history(client, sft, name)]
+        assert steps[0] == 0 and len(steps) == 3, (name, steps)  # base, after stage1, after stage2
+    assert "sft/world_chat_format/exact_match_delta" in m and "sft/sft_heldout/loss_delta" in m
+    for sub in ("stage1", "stage2"):
+        run = _run(runs, **{"stagewise.stage": "sft", "stagewise.substage": sub})
+        assert run.data.tags["mlflow.parentRunId"] == sft.info.run_id and run.info.status == "FINISHED"
+        assert len(_history(client, run, "train/lm_loss")) >= 2
+    first = [v for _, v in _history(client, _run(runs, **{"stagewise.substage": "stage1"}), "train/lm_loss")]
+    assert sum(first[-3:]) / 3 < sum(first[:3]) / 3 - 0.3  # the SFT loss falls
+
+
+@pytest.mark.slow
+def test_registered_checkpoint_loads_with_the_chat_template(sft_run):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    summary, client, _ = sft_run
+    ckpt = Path(summary["stages"][1]["checkpoint"])
+    version = client.get_model_version_by_alias(summary["experiment"], "sft")
+    assert Path(version.source) == ckpt.resolve()
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    assert tok.chat_template
+    text = tok.apply_chat_template([{"role": "user", "content": "Compute 2 + 2."}], tokenize=False,
+                                   add_generation_prompt=True, reasoning=False)
+    assert text.endswith("<|im_start|>assistant\n") and "reasoning: off" in text
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in json.loads((ckpt / "generation_config.json").read_text())["eos_token_id"]
+    ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, max_new_tokens=12, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+
+
+@pytest.mark.slow
+def test_sft_beats_the_base_on_held_out_conversations(sft_run):
+    """The strongest claim the tiny model supports at this budget (measured, see the report below).
+
+    Held-out SFT loss falls by well over a nat. Exact match is asserted not to drop rather
+    than to rise: the ~2M-parameter tiny model learns the answer *form* (chat turns, traces,
+    stopping at <|im_end|>) within these budgets, but not the skills (it answers 0% of the
+    held-out conversations and of world_chat_format exactly, before and after; with the
+    shipped recipe's full budgets too: held-out loss 3.51 -> 1.27, exact match 0 -> 0)."""
+    summary, _, _ = sft_run
+    m = summary["stages"][1]["metrics"]
+    print("held-out: loss {:.3f} -> {:.3f}, exact match {:.3f} -> {:.3f}, format match {:.3f} -> {:.3f}; "
+          "world_chat_format exact match {:.3f} -> {:.3f}".format(
+              m["base/eval/sft_heldout/loss"], m["eval/sft_heldout/loss"],
+              m["base/eval/sft_heldout/exact_match"], m["eval/sft_heldout/exact_match"],
+              m["base/eval/sft_heldout/format_match"], m["eval/sft_heldout/format_match"],
+              m["base/eval/world_chat_format/exact_match"], m["eval/world_chat_format/exact_match"]))
+    assert m["sft/sft_heldout/loss_delta"] < -0.5, m
+    assert m["sft/sft_heldout/exact_match_delta"] >= 0, m
+    assert m["sft/world_chat_format/exact_match_delta"] >= 0, m  # the chat-format metric does not drop

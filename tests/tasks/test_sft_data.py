@@ -1,0 +1,163 @@
+"""SFT data tasks: their pure helpers, and each task's body (`.fn`) on a small world, without Prefect or MLflow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data.sft_config import CurateConfig, SFTBlend, SFTDataSource, SFTWorldConfig
+from flows.recipe import SFTSubStage
+from tasks.sft_data import (
+    PackedRef,
+    SFTDataError,
+    blend_pack_task,
+    chat_eos,
+    curate_task,
+    keep_previous,
+    realised_mixture,
+    sft_start_task,
+    sft_world_task,
+)
+
+SOURCES = [SFTDataSource(name=n, path=f"@world/sft_{n}.jsonl") for n in ("arithmetic", "sorting", "lookup")]
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+def test_keep_previous_takes_a_seeded_share_without_repeats():
+    prev = [("a" if i % 2 else "b", {"id": i}) for i in range(40)]
+    kept = keep_previous(prev, 0.3, seed=1)
+    assert len(kept) == 12 and len({c["id"] for _, c in kept}) == 12
+    assert kept == keep_previous(prev, 0.3, seed=1) != keep_previous(prev, 0.3, seed=2)
+    assert [c["id"] for _, c in kept] == sorted(c["id"] for _, c in kept)  # previous order kept
+    assert keep_previous(prev, 0.0, seed=1) == [] and len(keep_previous(prev, 1.0, seed=1)) == 40
+
+
+def test_realised_mixture_counts_domains_and_the_carried_share():
+    mix = realised_mixture(["a", "a", "b", "a"], kept_previous=1)
+    assert mix == {"a": 0.75, "b": 0.25, "kept_previous": 0.25}
+    assert realised_mixture([], 0) == {"kept_previous": 0.0}
+
+
+def test_chat_eos_adds_im_end_once():
+    assert chat_eos({"eos_token_id": 2, "pad_token_id": 0}, 4) == {"eos_token_id": [2, 4], "pad_token_id": 0}
+    assert chat_eos({"eos_token_id": [2, 4]}, 4)["eos_token_id"] == [2, 4]
+    assert chat_eos({}, 4)["eos_token_id"] == [4]
+
+
+# --------------------------------------------------------------------------- tasks on a small world
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("sftw")
+    cfg = SFTWorldConfig(per_domain=40, long_context=2, eval_fraction=0.1)
+    return workdir, Path(sft_world_task.fn(cfg, 100, 3, str(workdir)))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, world):
+    """A tiny pretrain-like checkpoint: random NemotronH weights, a BPE without a chat template."""
+    from data.tokenizer import train_bpe
+    from model.build import build_model
+    from model.checkpoint import CheckpointMeta, save_checkpoint
+    from model.config import ModelConfig
+
+    _, world_dir = world
+    texts = [line for f in sorted(world_dir.glob("sft_*.jsonl")) for line in f.read_text().splitlines()]
+    tok_dir = tmp_path_factory.mktemp("tok")
+    train_bpe(texts, 600).save_pretrained(tok_dir)
+    model = build_model(ModelConfig(preset="tiny", overrides={"hidden_size": 64, "intermediate_size": 128}),
+                        vocab_size=600, seed=0)
+    out = tmp_path_factory.mktemp("pre") / "step-00000010"
+    return save_checkpoint(out, model, tok_dir, CheckpointMeta("pretrain", 10, 40960, "h", None))
+
+
+def test_world_is_generated_once(world):
+    workdir, world_dir = world
+    assert {p.name for p in world_dir.iterdir()} >= {"sft_arithmetic.jsonl", "sft_eval.jsonl", "sft_dirty.jsonl"}
+    before = (world_dir / "sft_eval.jsonl").stat().st_mtime_ns
+    again = sft_world_task.fn(SFTWorldConfig(per_domain=40, long_context=2, eval_fraction=0.1), 100, 3, str(workdir))
+    assert Path(again) == world_dir and (world_dir / "sft_eval.jsonl").stat().st_mtime_ns == before
+    other = sft_world_task.fn(SFTWorldConfig(per_domain=40, long_context=2, eval_fraction=0.1), 100, 4, str(workdir))
+    assert Path(other) != world_dir  # the seed is part of the name
+
+
+def test_curate_keeps_clean_sources_and_reports_rejects(world):
+    workdir, world_dir = world
+    sources = SOURCES + [SFTDataSource(name="dirty", path="@world/sft_dirty.jsonl", domain="lookup", max_reject_rate=0.3)]
+    ref = curate_task.fn(sources, CurateConfig(), str(world_dir), str(workdir), str(workdir))
+    root = Path(ref.root)
+    assert ref.domains == {"arithmetic": "arithmetic", "sorting": "sorting", "lookup": "lookup", "dirty": "lookup"}
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["dirty"]["kept"] == 80 and summary["dirty"]["rejected"]["malformed_json"] == 2
+    assert len((root / "dirty.rejects.jsonl").read_text().splitlines()) == 16
+    assert sum(1 for _ in open(ref.files["arithmetic"])) == summary["arithmetic"]["kept"] > 0
+    again = curate_task.fn(sources, CurateConfig(), str(world_dir), str(workdir), str(workdir))
+    assert again == ref
+    changed = curate_task.fn(sources, CurateConfig(near_dedup=False), str(world_dir), str(workdir), str(workdir))
+    assert changed.digest != ref.digest
+
+
+def test_curation_error_stops_with_the_source_named(world):
+    from data.curate import CurationError
+
+    workdir, world_dir = world
+    dirty = [SFTDataSource(name="dirty", path="@world/sft_dirty.jsonl")]
+    with pytest.raises(CurationError, match="source 'dirty': .* above max_reject_rate 5.0%"):
+        curate_task.fn(dirty, CurateConfig(max_reject_rate=0.05), str(world_dir), str(workdir), str(workdir))
+    with pytest.raises(FileNotFoundError, match="missing: .*nope.jsonl"):
+        curate_task.fn([SFTDataSource(name="missing", path="nope.jsonl")], CurateConfig(), str(world_dir),
+                       str(workdir), str(workdir))
+
+
+def test_start_checkpoint_gets_the_chat_template_and_eos(world, checkpoint):
+    from transformers import AutoTokenizer
+
+    from model.checkpoint import read_meta, weights_sha256
+
+    workdir, _ = world
+    before = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
+    ref = sft_start_task.fn(str(checkpoint), str(workdir))
+    start = Path(ref.path)
+    tok = AutoTokenizer.from_pretrained(start)
+    assert tok.chat_template and "<|im_start|>" in tok.chat_template
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in json.loads((start / "generation_config.json").read_text())["eos_token_id"]
+    assert ref.sha256 == read_meta(checkpoint).weight_sha256 == weights_sha256(start)
+    assert (ref.step, ref.tokens_seen) == (10, 40960)
+    assert {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()} == before  # the input is untouched
+    assert sft_start_task.fn(str(checkpoint), str(workdir)) == ref
+
+
+def _sub(name: str, **kw) -> SFTSubStage:
+    base = dict(name=name, tokens=4096, seq_length=512, global_batch=2, micro_batch=1,
+                blend=SFTBlend(weights={"arithmetic": 1, "sorting": 1}))
+    return SFTSubStage(**(base | kw))
+
+
+def test_blend_pack_with_keep_previous(world, checkpoint):
+    from data.sft_data import load_packed
+
+    workdir, world_dir = world
+    curated = curate_task.fn(SOURCES, CurateConfig(), str(world_dir), str(workdir), str(workdir))
+    start = sft_start_task.fn(str(checkpoint), str(workdir))
+    one = blend_pack_task.fn(_sub("one", blend=SFTBlend(weights={"arithmetic": 1, "sorting": 1}, conversations=40,
+                                                              reasoning_off_fraction=0.5)),
+                             0, curated, None, start.path, 3, str(workdir))
+    assert isinstance(one, PackedRef) and one.report["conversations"] == 40 and one.report["dropped"] == 0
+    assert one.report["reasoning_off"] > 0 and 0.5 < one.report["efficiency"] <= 1
+    assert one.mixture == {"arithmetic": 0.5, "kept_previous": 0.0, "sorting": 0.5}
+    rows = load_packed(one.rows)
+    assert rows["input_ids"].shape == (one.report["packs"], 512)
+    two = blend_pack_task.fn(_sub("two", blend=SFTBlend(weights={"lookup": 1}, conversations=20), keep_previous=0.5),
+                             1, curated, one, start.path, 3, str(workdir))
+    assert two.report["conversations"] == 40 and two.mixture["kept_previous"] == 0.5
+    assert two.mixture["lookup"] == 0.5 and two.mixture["arithmetic"] + two.mixture["sorting"] == 0.5
+    same = blend_pack_task.fn(_sub("two", blend=SFTBlend(weights={"lookup": 1}, conversations=20), keep_previous=0.5),
+                              1, curated, one, start.path, 3, str(workdir))
+    assert same.digest == two.digest and same.root == two.root
+    with pytest.raises(SFTDataError, match="fewer than one global batch"):
+        blend_pack_task.fn(_sub("big", tokens=32768, global_batch=64, micro_batch=1, blend=SFTBlend(weights={"sorting": 1}, conversations=8)),
+                           0, curated, None, start.path, 3, str(workdir))
