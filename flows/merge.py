@@ -43,6 +43,7 @@ def merge_flow(
     recipe_hash: str,
     tracker: Tracker,
     parent_run_id: str | None = None,
+    suites: dict[str, list[str]] | None = None,
 ) -> StageResult:
     """Merge the checkpoints of `pretrain.stage_dir` over `stage.windows_tokens` and hand on the best."""
     from model.merge import checkpoints_with_tokens
@@ -62,7 +63,8 @@ def merge_flow(
         for path, tokens in ckpts:
             scores = merge_at_checkpoint_task(ckpts, path, stage.windows_tokens, stage.schedule, stage.ordering, seed,
                                               str(candidates), prepared, seq_length, stage.val_tokens, recipe_hash,
-                                              tracker, run_id)
+                                              tracker, run_id, (suites or {}).get(stage.eval_suite or ""),
+                                              stage.eval_limit)
             trained_loss = scores["trained"]
             for w, (loss, merged) in scores["merges"].items():
                 if best is None or loss < best[0]:

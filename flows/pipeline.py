@@ -58,7 +58,7 @@ def pipeline_flow(
         if "merge" in selected:
             results.append(merge_flow(
                 recipe.stages.merge, results[-1], recipe.stages.pretrain.seq_length, str(workdir), recipe.seed, digest,
-                tracker, parent_run_id=parent,
+                tracker, parent_run_id=parent, suites=recipe.eval,
             ))
         if "long_context" in selected:
             results.append(long_context_flow(

@@ -155,6 +155,7 @@ def _cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out += _suite_problems(r, "stages.pretrain", pre)
     out += _sft_problems(r) if r.stages.sft else []
     out += _merge_problems(r)
+    out += _suite_problems(r, "stages.merge", r.stages.merge)
     return out + _preset_problems(r.model)
 
 

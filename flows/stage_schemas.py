@@ -30,6 +30,10 @@ class MergeStage(_Config):
     """How coefficients map to checkpoints (reversed/random are ablations)."""
     val_tokens: int = Field(32768, gt=0)
     """Held-out tokens scored per merged and trained checkpoint."""
+    eval_suite: str | None = None
+    """An eval suite (recipe `eval` block) also run on every trained and merged checkpoint (`merge/<window>/<task>/<metric>`)."""
+    eval_limit: int | None = Field(20, gt=0)
+    """Items per task of that suite (None: all); a merge sweep evaluates many checkpoints."""
     min_improvement: float = Field(0.0, ge=0)
     """Hand on the best merge only if its validation loss beats the last trained checkpoint's by more than this."""
 

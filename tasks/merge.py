@@ -35,6 +35,8 @@ def merge_at_checkpoint_task(
     recipe_hash: str,
     tracker: Tracker,
     run_id: str,
+    suite: list[str] | None = None,
+    suite_limit: int | None = None,
 ) -> dict:
     """Score the trained checkpoint `end` and the merge of each window ending there.
 
@@ -44,8 +46,17 @@ def merge_at_checkpoint_task(
 
     logger = get_run_logger()
     trained = _ref(Path(end))
-    out = {"trained": validation_task.fn(trained, prepared, seq_length, val_tokens, tracker, run_id,
-                                         prefix="merge/trained")["loss"], "merges": {}}
+
+    def score(ref: CheckpointRef, prefix: str) -> float:
+        loss = validation_task.fn(ref, prepared, seq_length, val_tokens, tracker, run_id, prefix=prefix)["loss"]
+        if suite:
+            from eval.harness import run_checkpoint
+
+            metrics = {f"{prefix}/{k}": v for k, v in run_checkpoint(Path(ref.path), suite, limit=suite_limit).metrics.items()}
+            tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, metrics)])
+        return loss
+
+    out = {"trained": score(trained, "merge/trained"), "merges": {}}
     for w in windows_tokens:
         window = select_window(checkpoints, end=end, window_tokens=w)
         if not window.fits:
@@ -58,7 +69,7 @@ def merge_at_checkpoint_task(
         merged = merge_checkpoints(window.paths, coeffs, target, schedule, ordering=ordering, seed=seed,
                                    window_tokens=w, recipe_hash=recipe_hash)
         ref = CheckpointRef(path=str(merged), step=trained.step, tokens_seen=trained.tokens_seen)
-        loss = validation_task.fn(ref, prepared, seq_length, val_tokens, tracker, run_id, prefix=f"merge/{w}")["loss"]
+        loss = score(ref, f"merge/{w}")
         out["merges"][w] = (loss, str(merged))
         logger.info("window %d at %d tokens (%d checkpoints): merged %.4f vs trained %.4f",
                     w, trained.tokens_seen, len(window.paths), loss, out["trained"])

@@ -28,6 +28,8 @@ def pipeline_run(tmp_path_factory):
         "--set", f"workdir={workdir}", "--set", f"stages.pretrain.tokens={TOKENS}",
         "--set", "stages.pretrain.checkpoint_every_tokens=49152",
         "--set", "stages.merge.windows_tokens=[98304,196608]", "--set", "stages.merge.val_tokens=16384",
+        "--set", "eval.mc=[world_arithmetic_mc]", "--set", "stages.merge.eval_suite=mc",
+        "--set", "stages.merge.eval_limit=5",
         "--set", "stages.long_context.tokens=49152", "--set", "stages.long_context.needle_per_length=8",
         "--set", "stages.long_context.data.doc_qa.documents=120", "--json",
     ]
@@ -105,6 +107,8 @@ def test_merges_are_scored_next_to_trained_checkpoints(pipeline_run):
     large = client.get_metric_history(run_id, "merge/196608/loss")
     assert len(trained) >= 8  # every pretraining checkpoint
     assert len(small) == len(trained) - 2 and len(large) == len(trained) - 4  # windows that fit
+    suite = client.get_metric_history(run_id, "merge/98304/world_arithmetic_mc/acc")
+    assert len(suite) == len(small)  # the eval suite scores every merge too
     merge = summary["stages"][1]
     best = merge["metrics"]["best_merge_loss"]
     assert best == pytest.approx(min(m.value for m in small + large))
