@@ -162,7 +162,7 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
     A source above its max_reject_rate raises CurationError (the stage stops; its rejects
     file says why line by line)."""
     from data.atomic import building
-    from data.curate import curate
+    from data.curate import CurationError, curate
 
     paths = {s.name: resolve(s.path, base_dir, world_dir) for s in sources}
     missing = [f"{s.name}: {paths[s.name]}" for s in sources if not paths[s.name].is_file()]
@@ -175,8 +175,11 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
         with building(root) as tmp:
             reports = {}
             for s in sources:
-                report = curate(paths[s.name], cfg, tmp / f"{s.name}.rejects.jsonl", source=s.name,
-                                max_reject_rate=s.max_reject_rate)
+                try:
+                    report = curate(paths[s.name], cfg, tmp / f"{s.name}.rejects.jsonl", source=s.name,
+                                    max_reject_rate=s.max_reject_rate)
+                except CurationError as err:
+                    raise _with_kept_rejects(err, tmp / f"{s.name}.rejects.jsonl", root, tracker, run_id) from None
                 _write_jsonl(tmp / f"{s.name}.jsonl", report.kept)
                 reports[s.name] = {**report.to_dict(), "rejects_path": str(root / f"{s.name}.rejects.jsonl")}
                 (tmp / f"{s.name}.report.json").write_text(json.dumps(reports[s.name], indent=2))
@@ -185,6 +188,22 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
     _log_curation(summary, root, tracker, run_id)
     return CuratedRef(root=str(root), digest=digest, files={s.name: str(root / f"{s.name}.jsonl") for s in sources},
                       domains={s.name: s.domain_name for s in sources})
+
+
+def _with_kept_rejects(err, rejects: Path, root: Path, tracker: Tracker | None, run_id: str | None):
+    """The CurationError again, pointing at the failed source's rejects copied out of the temporary
+    directory (about to be removed) to `<curated dir>.failed/`, and into MLflow's curation/."""
+    from collections import Counter
+
+    from data.curate import CurationError
+
+    keep = root.with_name(f"{root.name}.failed") / rejects.name
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(rejects, keep)
+    if tracker and run_id:
+        tracker.log_artifact(run_id, keep, "curation")
+    reasons = Counter(row["reason"] for row in _read_jsonl(keep))
+    return CurationError(err.source, err.rate, err.limit, dict(reasons), keep)
 
 
 def _log_curation(summary: dict, root: Path, tracker: Tracker | None, run_id: str | None) -> None:

@@ -19,8 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny.yaml"
-PRETRAIN_TOKENS = 245_760  # 60 steps: far below the unigram baseline, a base model worth fine-tuning
-PRETRAIN_SETS = [f"stages.pretrain.tokens={PRETRAIN_TOKENS}", "stages.pretrain.checkpoint_every_tokens=122880"]
+PRETRAIN_TOKENS = 163_840  # 40 steps: well below the unigram baseline, a base model worth fine-tuning
+PRETRAIN_SETS = [f"stages.pretrain.tokens={PRETRAIN_TOKENS}", "stages.pretrain.checkpoint_every_tokens=81920"]
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,10 @@ def test_curation_error_stops_with_the_source_named(world):
 
     workdir, world_dir = world
     dirty = [SFTDataSource(name="dirty", path="@world/sft_dirty.jsonl")]
-    with pytest.raises(CurationError, match="source 'dirty': .* above max_reject_rate 5.0%"):
+    with pytest.raises(CurationError, match="source 'dirty': .* above max_reject_rate 5.0%") as info:
         curate_task.fn(dirty, CurateConfig(max_reject_rate=0.05), str(world_dir), str(workdir), str(workdir))
+    kept = Path(str(info.value).rsplit("rejects in ", 1)[1])  # the rejects outlive the failed attempt
+    assert kept.parent.name.endswith(".failed") and len(kept.read_text().splitlines()) == 16
     with pytest.raises(FileNotFoundError, match="missing: .*nope.jsonl"):
         curate_task.fn([SFTDataSource(name="missing", path="nope.jsonl")], CurateConfig(), str(world_dir),
                        str(workdir), str(workdir))
