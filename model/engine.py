@@ -71,24 +71,15 @@ def _is_exhausted(err: BaseException) -> bool:
 
 
 def _monitors(model: torch.nn.Module, cfg: TrainConfig) -> tuple[Any, Any]:
-    """RoutingMonitor (None without MoE layers) and ActivationMonitor, when importable."""
-    routing = act = None
-    try:
-        from model.moe import RoutingMonitor
+    """RoutingMonitor (None without MoE layers) and ActivationMonitor."""
+    from model.activations import ActivationMonitor
+    from model.moe import RoutingMonitor
 
-        routing = RoutingMonitor(model, window=cfg.monitor.dead_expert_window)
-        if not routing.routers:
-            routing.remove()
-            routing = None
-    except ImportError:
-        pass
-    try:
-        from model.activations import ActivationMonitor
-
-        act = ActivationMonitor(model)
-    except ImportError:
-        pass
-    return routing, act
+    routing = RoutingMonitor(model, window=cfg.monitor.dead_expert_window)
+    if not routing.routers:
+        routing.remove()
+        routing = None
+    return routing, ActivationMonitor(model)
 
 
 def _remove_hooks(*monitors: Any) -> None:
