@@ -286,6 +286,10 @@ class Trainer:
             if old != self.last_checkpoint:
                 ck.remove_checkpoint(old)
 
+    def _load_weights(self, ckpt_dir: Path, state: ck.TrainerState) -> None:
+        """Put the checkpoint's weights into the model (a LoRA trainer restores its adapters instead)."""
+        ck.load_weights_into(self.model, ckpt_dir)
+
     def resume(self, ckpt_dir: str | Path) -> None:
         """Restore weights, optimizer, schedule position, RNG, data position and monitors."""
         ckpt_dir = Path(ckpt_dir)
@@ -295,7 +299,7 @@ class Trainer:
             raise ValueError(f"{ckpt_dir} has no trainer_state/: it is not a resumable checkpoint")
         if meta.stage != self.stage:
             raise ValueError(f"{ckpt_dir} belongs to stage {meta.stage!r}, not {self.stage!r}")
-        ck.load_weights_into(self.model, ckpt_dir)
+        self._load_weights(ckpt_dir, state)
         self.optimizer.load_state_dict(state.optimizer)
         self.step = int(state.progress["step"])
         self.tokens_seen = int(state.progress["tokens_seen"])

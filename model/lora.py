@@ -111,28 +111,12 @@ def lora_trainer_class():
             self._prune()
             return path
 
-        def resume(self, ckpt_dir):
-            from pathlib import Path
-
-            ckpt_dir = Path(ckpt_dir)
-            meta = ck.read_meta(ckpt_dir)
-            state = ck.load_trainer_state(ckpt_dir)
-            if state is None or LORA_STATE not in state.monitors:
+        def _load_weights(self, ckpt_dir, state):
+            if LORA_STATE not in state.monitors:
                 raise ValueError(f"{ckpt_dir} holds no LoRA adapter state: it was not saved by a LoRA stage")
-            if meta.stage != self.stage:
-                raise ValueError(f"{ckpt_dir} belongs to stage {meta.stage!r}, not {self.stage!r}")
             named = dict(self.model.named_parameters())
             with torch.no_grad():
                 for name, tensor in state.monitors[LORA_STATE].items():
                     named[name].copy_(tensor)
-            self.optimizer.load_state_dict(state.optimizer)
-            self.step = int(state.progress["step"])
-            self.tokens_seen = int(state.progress["tokens_seen"])
-            restore_rng(state.rng)
-            if state.loader is not None and hasattr(self.batches, "load_state_dict"):
-                self.batches.load_state_dict(state.loader)
-            if self.routing is not None and "routing" in state.monitors:
-                self.routing.load_state_dict(state.monitors["routing"])
-            self.last_checkpoint, self._saved_step, self.parent = ckpt_dir, self.step, str(ckpt_dir)
 
     return LoRATrainer
