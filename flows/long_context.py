@@ -55,8 +55,7 @@ def long_context_flow(
     logger = get_run_logger()
     if not base.data_root:
         raise ValueError("the long_context stage needs the pretraining data of the same run (run pretrain first)")
-    run_id = tracker.start_run(STAGE, {STAGE_TAG: STAGE}, parent_run_id)
-    try:
+    with tracker.run(STAGE, {STAGE_TAG: STAGE}, parent_run_id) as run_id:
         doc_qa = doc_qa_task(base.checkpoint, stage.data.doc_qa, seed, workdir)
         train_shards, val_shards = _shards(base.data_root)
         train_shards[DOC_QA], val_shards[DOC_QA] = doc_qa["train"], doc_qa["val"]
@@ -91,9 +90,5 @@ def long_context_flow(
         tracker.log_json(run_id, {"before": before, "after": after, "delta": deltas}, "reports/long_context.json")
         logger.info("long context: %s", ", ".join(f"{k}={v:+.3f}" for k, v in sorted(deltas.items())))
         tracker.register_checkpoint(tracker.experiment, Path(ckpt.path), run_id, alias=STAGE)
-        tracker.end_run(run_id)
-    except BaseException:
-        tracker.end_run(run_id, "FAILED")
-        raise
     return StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, metrics={k.split("/", 2)[-1]: v for k, v in deltas.items()},
                        data_root=base.data_root, stage_dir=str(out_dir))

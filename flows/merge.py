@@ -51,8 +51,7 @@ def merge_flow(
     logger = get_run_logger()
     if not pretrain.stage_dir or not pretrain.data_root:
         raise ValueError("the merge stage needs a pretraining stage in the same run (its checkpoints and data)")
-    run_id = tracker.start_run(STAGE, {STAGE_TAG: STAGE}, parent_run_id)
-    try:
+    with tracker.run(STAGE, {STAGE_TAG: STAGE}, parent_run_id) as run_id:
         ckpts = [(str(p), t) for p, t in checkpoints_with_tokens(pretrain.stage_dir)]
         key = json.dumps([stage.model_dump(), [Path(p).name for p, _ in ckpts], pretrain.checkpoint], sort_keys=True)
         out_root = Path(workdir) / "stages" / f"{STAGE}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
@@ -87,9 +86,5 @@ def merge_flow(
         tracker.set_tags(run_id, {"stagewise.merge_choice": "merge" if handed != pretrain.checkpoint else "trained"})
         _report(tracker, run_id, stage.windows_tokens)
         tracker.register_checkpoint(tracker.experiment, Path(handed), run_id, alias=STAGE)
-        tracker.end_run(run_id)
-    except BaseException:
-        tracker.end_run(run_id, "FAILED")
-        raise
     return StageResult(stage=STAGE, checkpoint=handed, run_id=run_id, metrics=metrics,
                        data_root=pretrain.data_root, stage_dir=str(out_root))

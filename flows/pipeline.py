@@ -44,12 +44,12 @@ def pipeline_flow(
     tracker = tracker_for(recipe, workdir)
     selected = select_stages(recipe, stages) or [s for s in STAGE_ORDER if getattr(recipe.stages, s, None) is not None]
     digest = recipe_hash(recipe)
-    parent = tracker.start_run(recipe.name, {RECIPE_TAG: recipe.name, FLOW_RUN_TAG: str(flow_run.id), "stagewise.recipe_hash": digest})
-    tracker.log_params(parent, flatten_recipe(recipe))
-    tracker.log_text(parent, yaml.safe_dump(recipe.model_dump(mode="json", by_alias=True), sort_keys=False), "recipe.yaml")
-    logger.info("MLflow: %s (experiment %s, run %s)", tracker.uri, tracker.experiment, parent)
-    results: list[StageResult] = []
-    try:
+    tags = {RECIPE_TAG: recipe.name, FLOW_RUN_TAG: str(flow_run.id), "stagewise.recipe_hash": digest}
+    with tracker.run(recipe.name, tags) as parent:
+        tracker.log_params(parent, flatten_recipe(recipe))
+        tracker.log_text(parent, yaml.safe_dump(recipe.model_dump(mode="json", by_alias=True), sort_keys=False), "recipe.yaml")
+        logger.info("MLflow: %s (experiment %s, run %s)", tracker.uri, tracker.experiment, parent)
+        results: list[StageResult] = []
         if "pretrain" in selected:
             results.append(pretrain_flow(
                 recipe.model, recipe.data, recipe.tokenizer, recipe.stages.pretrain, recipe.eval, str(workdir), base_dir,
@@ -71,11 +71,7 @@ def pipeline_flow(
                 str(workdir), base_dir, recipe.seed, digest, tracker, parent_run_id=parent, resume=resume,
                 world_entities=recipe.data.world.facts if recipe.data.world else 3000,
             ))
-    except BaseException:
-        tracker.end_run(parent, "FAILED")
-        raise
-    tracker.log_json(parent, [r.model_dump() for r in results], "stage_results.json")
-    tracker.end_run(parent)
+        tracker.log_json(parent, [r.model_dump() for r in results], "stage_results.json")
     return results
 
 

@@ -87,8 +87,7 @@ def pretrain_flow(
 ) -> StageResult:
     """Phased pretraining of `stage` (a `stages.pretrain` block) on the recipe's data."""
     logger = get_run_logger()
-    run_id = tracker.start_run(STAGE, {STAGE_TAG: STAGE}, parent_run_id)
-    try:
+    with tracker.run(STAGE, {STAGE_TAG: STAGE}, parent_run_id) as run_id:
         prepared = prepare_data_task(data, tokenizer, workdir, seed, base_dir, tracker, run_id)
         train_cfg = TrainConfig.model_validate(stage.model_dump(include=set(TrainConfig.model_fields)))
         out_dir = stage_dir(Path(workdir), STAGE, {
@@ -115,10 +114,6 @@ def pretrain_flow(
         metrics = validation_task(ckpt, prepared, train_cfg.seq_length, stage.val_tokens, tracker, run_id)
         loss_report_task(tracker, run_id, STAGE)
         tracker.register_checkpoint(tracker.experiment, Path(ckpt.path), run_id, alias=STAGE)
-        tracker.end_run(run_id)
-    except BaseException:
-        tracker.end_run(run_id, "FAILED")
-        raise
     headline = {f"validation_{k}": v for k, v in metrics.items() if k in ("loss", "unigram_baseline")}
     return StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=decision, metrics=headline,
                        data_root=prepared.root, stage_dir=str(out_dir))

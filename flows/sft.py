@@ -136,8 +136,7 @@ def train_substage(sub: SFTSubStage, packed: PackedRef, start: CheckpointRef, mo
                    resume: bool, device: str) -> tuple[CheckpointRef, dict | None]:
     """One sub-stage in its own MLflow run: train from `start` in stretches; returns (handed on, decision)."""
     logger = get_run_logger()
-    run_id = tracker.start_run(f"{STAGE}/{sub.name}", {STAGE_TAG: STAGE, SUBSTAGE_TAG: sub.name}, parent_run_id)
-    try:
+    with tracker.run(f"{STAGE}/{sub.name}", {STAGE_TAG: STAGE, SUBSTAGE_TAG: sub.name}, parent_run_id) as run_id:
         train_cfg = TrainConfig.model_validate(sub.model_dump(include=set(TrainConfig.model_fields)))
         net = ModelConfig(preset=None, from_=start.path, mtp=model.mtp)
         gate = sub.gate
@@ -154,7 +153,6 @@ def train_substage(sub: SFTSubStage, packed: PackedRef, start: CheckpointRef, mo
         if done is not None:
             logger.info("sft %s already finished at %s: reusing it", sub.name, done[0].path)
             tracker.set_tags(run_id, {"stagewise.reused": "true"})
-            tracker.end_run(run_id)
             return done
         spec = TrainSpec(
             stage=STAGE, model=net, train=train_cfg, objective=f"sft_{sub.normalization}", out_dir=str(out_dir),
@@ -173,10 +171,6 @@ def train_substage(sub: SFTSubStage, packed: PackedRef, start: CheckpointRef, mo
             tracker.set_tags(run_id, {"stagewise.handed_on": ckpt.path})
         loss_report_task(tracker, run_id, f"{STAGE}_{sub.name}")
         _write_handed_on(out_dir, ckpt, decision)
-        tracker.end_run(run_id)
-    except BaseException:
-        tracker.end_run(run_id, "FAILED")
-        raise
     return ckpt, decision
 
 
@@ -202,8 +196,7 @@ def sft_flow(
     `world_entities` is the pretraining world's entity count (stage.data.world.entities wins)."""
     logger = get_run_logger()
     names = [s.name for s in stage.stages]
-    run_id = tracker.start_run(STAGE, {STAGE_TAG: STAGE, SUBSTAGES_TAG: ",".join(names)}, parent_run_id)
-    try:
+    with tracker.run(STAGE, {STAGE_TAG: STAGE, SUBSTAGES_TAG: ",".join(names)}, parent_run_id) as run_id:
         data = stage.data
         world_dir = None
         if data.world is not None:
@@ -234,10 +227,6 @@ def sft_flow(
         logger.info("sft: %s", ", ".join(f"{k} {v:+.3f}" for k, v in delta.items()) or "no evaluations")
         _report(tracker, run_id, base, final, names)
         tracker.register_checkpoint(tracker.experiment, Path(ckpt.path), run_id, alias=STAGE)
-        tracker.end_run(run_id)
-    except BaseException:
-        tracker.end_run(run_id, "FAILED")
-        raise
     gate = None
     if decisions:
         last = list(decisions)[-1]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import bisect
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -61,6 +63,18 @@ class Tracker:
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client().set_terminated(run_id, status=status)
+
+    @contextmanager
+    def run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> Iterator[str]:
+        """`with tracker.run(...) as run_id:` the run ends FINISHED when the block completes (or
+        returns) and FAILED when it raises, Ctrl-C included, so no crashed stage stays RUNNING."""
+        run_id = self.start_run(name, tags, parent_run_id)
+        try:
+            yield run_id
+        except BaseException:
+            self.end_run(run_id, "FAILED")
+            raise
+        self.end_run(run_id)
 
     def log_metrics(self, run_id: str, records: Iterable[tuple[int, int, dict[str, float]]]) -> None:
         """Log (step, tokens_seen, metrics) records in batches; `tokens_seen` is logged too."""

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 import torch.nn.functional as F
 
+from model.objectives.auxiliary import add_auxiliary
+
 if TYPE_CHECKING:
     from model.objectives import LossContext
 
@@ -49,16 +51,7 @@ class LMObjective:
         share = labels.numel() / denom
         total = ce_sum / denom
         metrics = {"lm_loss": total.detach()}
-        routing = getattr(ctx, "routing", None)
-        if routing is not None:
-            lb = routing.lb_loss()
-            if self.lb_loss_coeff > 0:
-                total = total + (share * self.lb_loss_coeff) * lb
-            metrics["lb_loss"] = (share * lb).detach()
         mtp = getattr(model, "mtp", None)
-        if mtp is not None:
-            losses = mtp.losses(hidden, inputs, labels, model)
-            total = total + share * mtp.weighted(losses)
-            for k, head_loss in enumerate(losses, start=1):
-                metrics[f"mtp{k}_loss"] = (share * head_loss).detach()
+        total = add_auxiliary(total, metrics, share, self.lb_loss_coeff, ctx, mtp,
+                              lambda: mtp.losses(hidden, inputs, labels, model))
         return total, metrics

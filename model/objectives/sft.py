@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Literal, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from model.objectives.auxiliary import add_auxiliary
 from model.packed import causal_lm, packed_hidden
 
 if TYPE_CHECKING:
@@ -94,18 +95,9 @@ class SFTObjective:
         total = numerator / denom
         share = self._units(micro) / denom
         metrics = {"lm_loss": total.detach(), "supervised_tokens": (labels != IGNORE).sum().float()}
-        routing = getattr(ctx, "routing", None)
-        if routing is not None:
-            lb = routing.lb_loss()
-            if self.lb_loss_coeff > 0:
-                total = total + (share * self.lb_loss_coeff) * lb
-            metrics["lb_loss"] = (share * lb).detach()
         mtp = getattr(lm, "mtp", None)
-        if mtp is not None:
-            losses = mtp_losses(mtp, hidden, ids, labels, seq_idx, lm)
-            total = total + share * mtp.weighted(losses)
-            for k, head_loss in enumerate(losses, start=1):
-                metrics[f"mtp{k}_loss"] = (share * head_loss).detach()
+        total = add_auxiliary(total, metrics, share, self.lb_loss_coeff, ctx, mtp,
+                              lambda: mtp_losses(mtp, hidden, ids, labels, seq_idx, lm))
         return total, metrics
 
 

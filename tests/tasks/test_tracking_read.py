@@ -89,3 +89,15 @@ def test_cutoff_on_the_store_finds_the_right_step(store):
     report = run_cutoff(first, rule, tracker.metric_histories(first, rule.metrics()))
     assert (report.cutoff.step, report.cutoff.tokens_seen, report.cutoff.values) == (20, 81920, {ACC: 0.35})
     assert run_cutoff(second, rule, tracker.metric_histories(second, rule.metrics())).cutoff is None
+
+
+def test_run_block_ends_finished_or_failed_and_reraises(store):
+    tracker, _, _ = store
+    with tracker.run("ok", {STAGE_TAG: "merge"}) as ok:
+        pass
+    with pytest.raises(KeyboardInterrupt):
+        with tracker.run("interrupted", {STAGE_TAG: "merge"}) as bad:
+            raise KeyboardInterrupt
+    client = tracker.client()
+    assert client.get_run(ok).info.status == "FINISHED"
+    assert client.get_run(bad).info.status == "FAILED"
