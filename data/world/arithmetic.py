@@ -87,6 +87,17 @@ def make_problem(rng: random.Random) -> Problem:
     return Problem(f"{a} - {b}", steps, a - b, op)
 
 
+def make_small_problem(rng: random.Random, digits: int) -> Problem:
+    """A +, - or x problem with 1- or 2-digit operands (x by a single digit), no worked steps:
+    the sizes a small model can answer directly, next to `make_problem`'s multi-digit ones."""
+    op = rng.choice(["+", "-", "x"])
+    lo, hi = (0, 9) if digits == 1 else (10, 99)
+    a = rng.randint(lo, hi)
+    b = rng.randint(2, 9) if op == "x" else rng.randint(lo, hi)
+    answer = {"+": a + b, "-": a - b, "x": a * b}[op]
+    return Problem(f"{a} {op} {b}", (), answer, op)
+
+
 def render_problem(p: Problem) -> str:
     """The pretraining text: the question, the working, the answer."""
     return "\n".join([f"Compute {p.question}.", *p.steps, f"Answer: {p.answer}"])

@@ -1,11 +1,11 @@
 """SFT conversations from the demo world, deterministic from a seed (OpenAI messages format).
 
 Domains (each a list of conversations with `id`, `domain`, `messages`, maybe `tools`):
-- arithmetic:   a problem, its worked column steps as `reasoning_content`, the answer
+- arithmetic:   a problem (small ones answered directly, multi-digit with worked column steps), the number
 - calculator:   a real tool call to the calculator, its real result, the final answer
 - sorting:      numbers to sort ascending or descending, a short trace, the list
 - lookup:       a few key-value records in the user turn, the value of one key
-- format:       facts about the world's entities (from pretraining) answered in UPPERCASE or JSON
+- format:       given words in UPPERCASE, small sums as JSON, entity facts (from pretraining) in either
 - long_context: a long retrieval document (100-600 records) in the user turn (SFT stage 2)
 
 `dirty_lines` mixes clean conversations with planted faults that curation must catch
@@ -25,10 +25,10 @@ from pathlib import Path
 
 from data.chat import prompt_key, unit_hash
 from data.world._common import rng_for
-from data.world.arithmetic import make_problem
+from data.world.arithmetic import make_problem, make_small_problem
 from data.world.calculator import TOOL, evaluate, random_expression
-from data.world.facts import Entity, make_entities
-from data.world.retrieval import make_retrieval
+from data.world.facts import COLOURS, SYMBOLS, Entity, make_entities
+from data.world.retrieval import WORDS, make_retrieval
 
 DOMAINS = ("arithmetic", "calculator", "sorting", "lookup", "format", "long_context")
 SYSTEM = "You are a careful assistant. Answer exactly what is asked."
@@ -46,10 +46,18 @@ def _assistant(content: str, reasoning: str | None = None) -> dict:
 
 
 def arithmetic(rng: random.Random, _: list[Entity]) -> dict:
-    p = make_problem(rng)
+    """Answered with the number. 40% one-digit and 30% two-digit problems (a one-line trace), 30%
+    the world's multi-digit ones with their column working as the trace: sizes a small model can
+    answer directly next to ones it needs the working for (as eval/tasks' world_arithmetic)."""
+    tier = rng.random()
+    if tier < 0.7:
+        p = make_small_problem(rng, 1 if tier < 0.4 else 2)
+        trace = f"{p.question} = {p.answer}."
+    else:
+        p = make_problem(rng)
+        trace = "\n".join(p.steps)
     ask = rng.choice(["Compute {q}.", "What is {q}?", "Work out {q} and give the result.", "{q} = ?"])
-    return {"messages": [_user(ask.format(q=p.question)),
-                         _assistant(f"{p.question} = {p.answer}", "\n".join(p.steps))]}
+    return {"messages": [_user(ask.format(q=p.question)), _assistant(str(p.answer), trace)]}
 
 
 def calculator(rng: random.Random, _: list[Entity]) -> dict:
@@ -86,7 +94,25 @@ def lookup(rng: random.Random, _: list[Entity]) -> dict:
                          _assistant(doc.value, f"The record for {doc.key} reads \"{doc.key}: {doc.value}\".")]}
 
 
+UPPERCASE_WORDS = sorted({*WORDS, *COLOURS, *SYMBOLS})
+"""Words the format domain asks to write in uppercase: the world's value words, colours and emblems."""
+
+
 def format_following(rng: random.Random, entities: list[Entity]) -> dict:
+    """A format instruction, in three equal parts: one or two given words in uppercase; a small
+    sum as JSON `{"answer": n}` (both as eval/tasks' world_chat_format asks); a fact about a
+    pretraining entity in uppercase or as a JSON object (the content must be recalled)."""
+    kind = rng.random()
+    if kind < 1 / 3:
+        picked = rng.sample(UPPERCASE_WORDS, rng.randint(1, 2))
+        ask = rng.choice(["Write the word{s} {w} in uppercase letters.", "Spell {w} in capital letters.",
+                          "Give {w} in uppercase, nothing else."])
+        text = " ".join(picked)
+        return {"messages": [_user(ask.format(s="s" if len(picked) > 1 else "", w=text)), _assistant(text.upper())]}
+    if kind < 2 / 3:
+        p = make_small_problem(rng, rng.randint(1, 2))
+        return {"messages": [_user(f'Compute {p.question}. Reply only with JSON of the form {{"answer": <number>}}.'),
+                             _assistant(json.dumps({"answer": p.answer}), f"{p.question} = {p.answer}.")]}
     e = rng.choice(entities)
     if rng.random() < 0.5:
         field = rng.choice(["location", "colour", "symbol"])
@@ -113,13 +139,22 @@ MAKERS: dict[str, Callable[[random.Random, list[Entity]], dict]] = {
 
 
 def domain_conversations(domain: str, n: int, seed: int, n_entities: int = 3000) -> list[dict]:
-    """`n` conversations of one domain (ids `<domain>-<i>`), deterministic from the seed.
+    """`n` conversations of one domain (ids `<domain>-<i>`) with distinct prompts where the domain
+    has enough of them (curation would reject repeats as duplicates), deterministic from the seed.
 
     `n_entities` must match the world's `facts` count for `format` questions to be about
     entities the pretraining data described."""
     rng = rng_for(seed, f"sft-{domain}")
     entities = make_entities(n_entities, seed) if domain == "format" else []
-    return [{"id": f"{domain}-{i}", "domain": domain, **MAKERS[domain](rng, entities)} for i in range(n)]
+    out, seen = [], set()
+    for i in range(n):
+        for _ in range(100):  # a small domain may run out of new prompts: then repeats are allowed
+            conv = {"id": f"{domain}-{i}", "domain": domain, **MAKERS[domain](rng, entities)}
+            if prompt_key(conv) not in seen:
+                break
+        seen.add(prompt_key(conv))
+        out.append(conv)
+    return out
 
 
 def is_eval(conv: dict, seed: int, fraction: float) -> bool:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from data.world._common import rng_for
-from data.world.arithmetic import Problem, make_problem
+from data.world.arithmetic import Problem, make_problem, make_small_problem
 from data.world.retrieval import WORDS, make_retrieval, render_retrieval
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -29,22 +29,12 @@ N_ITEMS = 100
 Row = dict[str, object]
 
 
-def _small_problem(rng: random.Random, digits: int) -> Problem:
-    """A +, - or x problem with `digits`-digit operands (the world's own are 2-6 digits)."""
-    op = rng.choice(["+", "-", "x"])
-    lo, hi = (0, 9) if digits == 1 else (10, 99)
-    a = rng.randint(lo, hi)
-    b = rng.randint(2, 9) if op == "x" else rng.randint(lo, hi)
-    answer = {"+": a + b, "-": a - b, "x": a * b}[op]
-    return Problem(f"{a} {op} {b}", (), answer, op)
-
-
 def _problems(rng: random.Random, n: int) -> list[tuple[str, Problem]]:
     """40% one-digit, 40% two-digit, 20% the world's own (multi-digit) problems: headroom at every size."""
     out = []
     for i in range(n):
         tier = ("1-digit", "2-digit", "world")[0 if i % 5 < 2 else 1 if i % 5 < 4 else 2]
-        p = make_problem(rng) if tier == "world" else _small_problem(rng, 1 if tier == "1-digit" else 2)
+        p = make_problem(rng) if tier == "world" else make_small_problem(rng, 1 if tier == "1-digit" else 2)
         out.append((tier, p))
     return out
 
@@ -144,7 +134,7 @@ def world_chat_format(rng: random.Random) -> list[Row]:
             word = rng.choice(WORDS)
             user, target = f"Write the word {word} in uppercase letters.", word.upper()
         elif kind == "json":
-            p = _small_problem(rng, rng.randint(1, 2))
+            p = make_small_problem(rng, rng.randint(1, 2))
             user = f'Compute {p.question}. Reply only with JSON of the form {{"answer": <number>}}.'
             target = json.dumps({"answer": p.answer})
         else:

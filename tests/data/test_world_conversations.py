@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -34,10 +35,26 @@ def test_answers_are_right():
         result = c["messages"][2]["content"]
         assert result == evaluate(call["expression"]) == str(eval(call["expression"]))  # noqa: S307 - test oracle
         assert c["messages"][3]["content"].endswith(f"= {result}")
-    for c in domain_conversations("arithmetic", 30, 0):
-        expr, _, answer = c["messages"][1]["content"].rpartition(" = ")
-        assert int(answer) == eval(expr.replace("x", "*"))  # noqa: S307 - test oracle
+    small = 0
+    for c in domain_conversations("arithmetic", 60, 0):
+        expr = re.search(r"-?\d+ [-+x] \d+", c["messages"][0]["content"]).group(0)
+        assert int(c["messages"][1]["content"]) == eval(expr.replace("x", "*"))  # noqa: S307 - test oracle
         assert c["messages"][1]["reasoning_content"]
+        small += max(len(x) for x in re.findall(r"\d+", expr)) <= 2
+    assert 0.4 < small / 60 < 0.95  # small problems answered directly, multi-digit ones with working
+    kinds = set()
+    for c in domain_conversations("format", 60, 0, n_entities=50):
+        user, answer = c["messages"][-2]["content"], c["messages"][-1]["content"]
+        if "JSON of the form" in user:
+            expr = re.search(r"Compute (.+)\. Reply", user).group(1)
+            assert json.loads(answer) == {"answer": eval(expr.replace("x", "*"))}  # noqa: S307 - test oracle
+            kinds.add("json")
+        elif "in uppercase" in user and "region" not in user and "colour" not in user and "emblem" not in user:
+            assert answer == answer.upper() and answer.lower() in user
+            kinds.add("upper")
+        else:
+            kinds.add("fact")
+    assert kinds == {"json", "upper", "fact"}
     for c in domain_conversations("sorting", 30, 0):
         nums = [int(x) for x in c["messages"][0]["content"].split(": ")[1].split(", ")]
         got = [int(x) for x in c["messages"][1]["content"].split(", ")]
@@ -45,6 +62,14 @@ def test_answers_are_right():
     for c in domain_conversations("lookup", 30, 0):
         key = c["messages"][0]["content"].rsplit("value of ", 1)[1].rstrip("?")
         assert f"\n{key}: {c['messages'][1]['content']}\n" in c["messages"][0]["content"]
+
+
+def test_prompts_are_distinct_within_a_domain():
+    """Curation would drop repeated prompts as duplicates (and fail a clean source), so the
+    generator draws again instead, while the domain has new prompts to give."""
+    for domain in ("arithmetic", "format", "sorting"):
+        keys = [prompt_key(c) for c in domain_conversations(domain, 300, 0, n_entities=50)]
+        assert len(set(keys)) == len(keys), domain
 
 
 def test_calculator_is_safe():
