@@ -6,7 +6,8 @@ held-out data next to the trained checkpoint (`merge/<window>/loss`, `merge/trai
 logged at that checkpoint's step and tokens). The best merge over the whole run is kept;
 the stage hands on that merge if it beats the last trained checkpoint by more than
 `min_improvement`, else the trained checkpoint. A plot of trained vs merged over tokens
-is the stage's report.
+is the stage's report. A rerun over the same checkpoints and settings reuses the recorded
+decision (`decision.json`, tagged `stagewise.reused`) instead of merging every window again.
 """
 
 from __future__ import annotations
@@ -24,6 +25,27 @@ from tasks.refs import PreparedRef, StageResult
 from tasks.tracking import STAGE_TAG, Tracker
 
 STAGE = "merge"
+
+
+DECISION = "decision.json"
+
+
+def _record(out_root: Path, handed: str, metrics: dict[str, float], choice: str) -> None:
+    """Write the stage's decision last and atomically: its presence means the sweep finished."""
+    out_root.mkdir(parents=True, exist_ok=True)
+    tmp = out_root / f".{DECISION}.tmp"
+    tmp.write_text(json.dumps({"handed": handed, "metrics": metrics, "choice": choice}, indent=2))
+    tmp.replace(out_root / DECISION)
+
+
+def _reuse(out_root: Path) -> tuple[str, dict[str, float], str] | None:
+    """(handed on, metrics, choice) of a finished sweep over the same checkpoints and settings
+    (out_root is named by their hash), when the checkpoint it hands on still exists."""
+    path = out_root / DECISION
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return (saved["handed"], saved["metrics"], saved["choice"]) if Path(saved["handed"]).exists() else None
 
 
 def _report(tracker: Tracker, run_id: str, windows: list[int]) -> None:
@@ -55,6 +77,15 @@ def merge_flow(
         ckpts = [(str(p), t) for p, t in checkpoints_with_tokens(pretrain.stage_dir)]
         key = json.dumps([stage.model_dump(), [Path(p).name for p, _ in ckpts], pretrain.checkpoint], sort_keys=True)
         out_root = Path(workdir) / "stages" / f"{STAGE}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+        reused = _reuse(out_root)
+        if reused is not None:
+            handed, metrics, choice = reused
+            logger.info("merge already decided for these checkpoints: reusing %s (%s)", handed, choice)
+            tracker.set_tags(run_id, {"stagewise.reused": "true", "stagewise.merge_choice": choice})
+            tracker.log_metrics(run_id, [(0, 0, {f"merge/{k}": v for k, v in metrics.items()})])
+            tracker.register_checkpoint(tracker.experiment, Path(handed), run_id, alias=STAGE)
+            return StageResult(stage=STAGE, checkpoint=handed, run_id=run_id, metrics=metrics,
+                               data_root=pretrain.data_root, stage_dir=str(out_root))
         candidates = out_root / "candidates"
         prepared = PreparedRef(root=pretrain.data_root, digest=Path(pretrain.data_root).name)
         best: tuple[float, str, int] | None = None
@@ -83,7 +114,9 @@ def merge_flow(
                 handed = str(final)
         logger.info("merge hands on %s (%s)", handed, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         tracker.log_metrics(run_id, [(0, 0, {f"merge/{k}": v for k, v in metrics.items()})])
-        tracker.set_tags(run_id, {"stagewise.merge_choice": "merge" if handed != pretrain.checkpoint else "trained"})
+        choice = "merge" if handed != pretrain.checkpoint else "trained"
+        tracker.set_tags(run_id, {"stagewise.merge_choice": choice})
+        _record(out_root, handed, metrics, choice)
         _report(tracker, run_id, stage.windows_tokens)
         tracker.register_checkpoint(tracker.experiment, Path(handed), run_id, alias=STAGE)
     return StageResult(stage=STAGE, checkpoint=handed, run_id=run_id, metrics=metrics,

@@ -1,7 +1,7 @@
 """SFT conversations from the demo world, deterministic from a seed (OpenAI messages format).
 
 Domains (each a list of conversations with `id`, `domain`, `messages`, maybe `tools`):
-- arithmetic:   a problem (small ones answered directly, multi-digit with worked column steps), the number
+- arithmetic:   a small problem (1-2 digit operands), a one-line trace, the number
 - calculator:   a real tool call to the calculator, its real result, the final answer
 - sorting:      numbers to sort ascending or descending, a short trace, the list
 - lookup:       a few key-value records in the user turn, the value of one key
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from data.chat import prompt_key, unit_hash
 from data.world._common import rng_for
-from data.world.arithmetic import make_problem, make_small_problem
+from data.world.arithmetic import make_small_problem
 from data.world.calculator import TOOL, evaluate, random_expression
 from data.world.facts import COLOURS, SYMBOLS, Entity, make_entities
 from data.world.retrieval import WORDS, make_retrieval
@@ -46,18 +46,13 @@ def _assistant(content: str, reasoning: str | None = None) -> dict:
 
 
 def arithmetic(rng: random.Random, _: list[Entity]) -> dict:
-    """Answered with the number. 40% one-digit and 30% two-digit problems (a one-line trace), 30%
-    the world's multi-digit ones with their column working as the trace: sizes a small model can
-    answer directly next to ones it needs the working for (as eval/tasks' world_arithmetic)."""
-    tier = rng.random()
-    if tier < 0.7:
-        p = make_small_problem(rng, 1 if tier < 0.4 else 2)
-        trace = f"{p.question} = {p.answer}."
-    else:
-        p = make_problem(rng)
-        trace = "\n".join(p.steps)
+    """A small problem (60% one-digit, 40% two-digit operands) answered with the number, its
+    one-line trace as reasoning: mental arithmetic. Multi-digit problems are the calculator
+    domain's (a tool call), and pretraining's (column working): the tiny model cannot do them
+    in its head, so asking it to would teach the answer's form and nothing else."""
+    p = make_small_problem(rng, 1 if rng.random() < 0.6 else 2)
     ask = rng.choice(["Compute {q}.", "What is {q}?", "Work out {q} and give the result.", "{q} = ?"])
-    return {"messages": [_user(ask.format(q=p.question)), _assistant(str(p.answer), trace)]}
+    return {"messages": [_user(ask.format(q=p.question)), _assistant(str(p.answer), f"{p.question} = {p.answer}.")]}
 
 
 def calculator(rng: random.Random, _: list[Entity]) -> dict:

@@ -40,8 +40,10 @@ def test_answers_are_right():
         expr = re.search(r"-?\d+ [-+x] \d+", c["messages"][0]["content"]).group(0)
         assert int(c["messages"][1]["content"]) == eval(expr.replace("x", "*"))  # noqa: S307 - test oracle
         assert c["messages"][1]["reasoning_content"]
-        small += max(len(x) for x in re.findall(r"\d+", expr)) <= 2
-    assert 0.4 < small / 60 < 0.95  # small problems answered directly, multi-digit ones with working
+        width = max(len(x) for x in re.findall(r"\d+", expr))
+        assert width <= 2, expr  # mental arithmetic; multi-digit problems belong to the calculator
+        small += width == 1
+    assert 0.4 < small / 60 < 0.8  # 60% one-digit operands
     kinds = set()
     for c in domain_conversations("format", 60, 0, n_entities=50):
         user, answer = c["messages"][-2]["content"], c["messages"][-1]["content"]

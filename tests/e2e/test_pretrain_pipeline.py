@@ -19,12 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKENS = 400_000  # enough to beat the unigram baseline clearly, short enough for CI
 
 
-@pytest.fixture(scope="module")
-def pipeline_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("tiny")
-    cmd = [
+def _command(workdir: Path, stages: str) -> list[str]:
+    return [
         sys.executable, "-m", "flows.cli", "run", str(ROOT / "recipes" / "tiny.yaml"),
-        "--stages", "pretrain,merge,long_context",
+        "--stages", stages,
         "--set", f"workdir={workdir}", "--set", f"stages.pretrain.tokens={TOKENS}",
         "--set", "stages.pretrain.checkpoint_every_tokens=49152",
         "--set", "stages.merge.windows_tokens=[98304,196608]", "--set", "stages.merge.val_tokens=16384",
@@ -33,10 +31,32 @@ def pipeline_run(tmp_path_factory):
         "--set", "stages.long_context.tokens=49152", "--set", "stages.long_context.needle_per_length=8",
         "--set", "stages.long_context.data.doc_qa.documents=120", "--json",
     ]
+
+
+def _run(cmd: list[str]) -> dict:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, CI="1"), timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
-    return workdir, summary
+    return json.loads(proc.stdout[proc.stdout.index("{"):])
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("tiny")
+    return workdir, _run(_command(workdir, "pretrain,merge,long_context"))
+
+
+@pytest.mark.slow
+def test_a_rerun_reuses_pretraining_and_the_merge_decision(pipeline_run):
+    """Nothing is trained or merged again: the same checkpoint is handed on, both runs say reused."""
+    from mlflow import MlflowClient
+
+    workdir, first = pipeline_run
+    again = _run(_command(workdir, "pretrain,merge"))
+    assert [s["checkpoint"] for s in again["stages"]] == [s["checkpoint"] for s in first["stages"][:2]]
+    client = MlflowClient(tracking_uri=again["tracking_uri"])
+    for stage in again["stages"]:
+        assert client.get_run(stage["run_id"]).data.tags.get("stagewise.reused") == "true", stage["stage"]
+    assert again["stages"][1]["metrics"] == first["stages"][1]["metrics"]
 
 
 @pytest.mark.slow

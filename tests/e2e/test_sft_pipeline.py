@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
-# Budgets for a few minutes on a 2-core CPU: stage 1 12 steps of 8 x 512-token packs,
-# stage 2 2 steps of 2 x 4096. Evaluations: 60 held-out conversations and 30 items of
-# world_chat_format, on the base and after each sub-stage.
+# Stage 1 runs the recipe's own budget (480 steps of 4 x 512-token packs, ~4 min on a 2-core
+# CPU): the tiny model needs thousands of examples before it reads the digits of a question,
+# and the held-out exact-match gain is the claim this test checks. Stage 2: 2 steps of
+# 2 x 4096. Evaluations: 200 held-out conversations and 30 items of world_chat_format, on the
+# base and after each sub-stage.
 STAGE2_TOKENS = 16_384
 SFT_SETS = [
-    "stages.sft.stages[0].tokens=49152", "stages.sft.stages[0].schedule.warmup_tokens=8192",
     f"stages.sft.stages[1].tokens={STAGE2_TOKENS}",
-    "stages.sft.data.heldout_limit=60", "stages.sft.eval_limit=30", "eval.chat=[world_chat_format]",
+    "stages.sft.data.heldout_limit=200", "stages.sft.eval_limit=30", "eval.chat=[world_chat_format]",
 ]
 
 
@@ -113,21 +114,23 @@ def test_registered_checkpoint_loads_with_the_chat_template(sft_run):
 
 @pytest.mark.slow
 def test_sft_beats_the_base_on_held_out_conversations(sft_run):
-    """The strongest claim the tiny model supports at this budget (measured, see the report below).
+    """The fine-tuned model answers held-out demo-world questions exactly where the base answers none.
 
-    Held-out SFT loss falls by well over a nat. Exact match is asserted not to drop rather
-    than to rise: the ~2M-parameter tiny model learns the answer *form* (chat turns, traces,
-    stopping at <|im_end|>) within these budgets, but not the skills (it answers 0% of the
-    held-out conversations and of world_chat_format exactly, before and after; with the
-    shipped recipe's full budgets too: held-out loss 3.51 -> 1.27, exact match 0 -> 0)."""
+    The base has never seen the chat format, so it answers 0 of the held-out conversations
+    exactly; after SFT the tiny model gets some of the mental-arithmetic ones right (the
+    skill it can learn at this size and budget; sorting, lookup and recalled facts stay at 0)
+    and the held-out loss falls by well over a nat. Full demo figures: README."""
     summary, _, _ = sft_run
     m = summary["stages"][1]["metrics"]
-    print("held-out: loss {:.3f} -> {:.3f}, exact match {:.3f} -> {:.3f}, format match {:.3f} -> {:.3f}; "
-          "world_chat_format exact match {:.3f} -> {:.3f}".format(
+    print("held-out: loss {:.3f} -> {:.3f}, exact match {:.3f} -> {:.3f} (arithmetic {:.3f} -> {:.3f}), "
+          "format match {:.3f} -> {:.3f}; world_chat_format exact match {:.3f} -> {:.3f}".format(
               m["base/eval/sft_heldout/loss"], m["eval/sft_heldout/loss"],
               m["base/eval/sft_heldout/exact_match"], m["eval/sft_heldout/exact_match"],
+              m["base/eval/sft_heldout/exact_match_arithmetic"], m["eval/sft_heldout/exact_match_arithmetic"],
               m["base/eval/sft_heldout/format_match"], m["eval/sft_heldout/format_match"],
               m["base/eval/world_chat_format/exact_match"], m["eval/world_chat_format/exact_match"]))
     assert m["sft/sft_heldout/loss_delta"] < -0.5, m
-    assert m["sft/sft_heldout/exact_match_delta"] >= 0, m
-    assert m["sft/world_chat_format/exact_match_delta"] >= 0, m  # the chat-format metric does not drop
+    assert m["eval/sft_heldout/answered"] >= 150, m
+    assert m["sft/sft_heldout/exact_match_delta"] > 0, m
+    assert m["sft/sft_heldout/exact_match_arithmetic_delta"] > 0, m
+    assert m["sft/sft_heldout/format_match_delta"] > 0.3, m  # the answer's form is learnt first
