@@ -34,7 +34,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from safetensors.torch import load_file
@@ -186,6 +186,26 @@ def _publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
+    """`with atomic_dir(final) as tmp:` write everything into `tmp`; on success every file is
+    fsynced and `tmp` renamed to `final` in one step (an old `final` is replaced), on any
+    error `tmp` is removed. A reader therefore sees the old directory or the whole new one,
+    never a half-written one, even after SIGKILL (stale temps of dead processes are swept)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(final.parent, final.name)
+    tmp = final.parent / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        _publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def save_checkpoint(
     dir: str | os.PathLike,
     model: torch.nn.Module,
@@ -199,10 +219,7 @@ def save_checkpoint(
     `tokenizer_dir=None` writes no tokenizer (tests, or a tokenizer saved elsewhere).
     """
     final = Path(dir)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(final.parent, final.name)
-    tmp = final.parent / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
-    try:
+    with atomic_dir(final) as tmp:
         with _quiet_hf():
             model.save_pretrained(tmp)
         if tokenizer_dir is not None:
@@ -211,11 +228,6 @@ def save_checkpoint(
             _write_trainer_state(tmp / STATE_DIR, trainer_state)
         doc = asdict(meta) | {"weight_sha256": weights_sha256(tmp)}
         (tmp / META_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True))
-        _fsync_tree(tmp)
-        _publish(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 

@@ -24,7 +24,6 @@ checkpoint (model/checkpoint.py): into a temporary sibling, fsynced, then rename
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -38,9 +37,7 @@ from typing import Any
 
 import torch
 
-from model.checkpoint import (
-    _TMP_PREFIX, META_FILE, CheckpointMeta, _fsync_tree, _publish, _remove_stale_temps, weights_sha256,
-)
+from model.checkpoint import META_FILE, CheckpointMeta, atomic_dir, weights_sha256
 from model.merge.errors import MergeInputError
 from model.merge.layout import INDEX, WeightLayout, check_compatible
 from model.merge.reader import TensorReader
@@ -91,7 +88,7 @@ def merge_checkpoints(
     try:
         hashes = [pool.submit(weights_sha256, p) if verify_inputs or not d.get("weight_sha256") else None
                   for p, d in zip(paths, docs)]
-        with _staging(out) as tmp:
+        with atomic_dir(out) as tmp:
             weight_sha = _write_weights(layouts, coeffs, tmp)
             inputs = [_input_record(p, d, c, h.result() if h else d["weight_sha256"])
                       for p, d, c, h in zip(paths, docs, coeffs, hashes)]
@@ -147,22 +144,6 @@ def _meta(newest: Path, doc: dict, recipe_hash: str | None, schedule: str, order
     return CheckpointMeta(stage="merge", step=int(doc.get("step", 0)), tokens_seen=int(doc.get("tokens_seen", 0)),
                           recipe_hash=recipe_hash or doc.get("recipe_hash", ""), parent=str(newest.resolve()),
                           extra=extra)
-
-
-@contextlib.contextmanager
-def _staging(final: Path) -> Iterator[Path]:
-    """model/checkpoint.py's atomic write: temp sibling, fsync everything, one rename."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(final.parent, final.name)
-    tmp = final.parent / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        _fsync_tree(tmp)
-        _publish(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _copy_other_files(src: Path, dest: Path) -> None:
