@@ -1,4 +1,4 @@
-"""Recipe blocks of the merge and long-context stages (composed into flows/recipe.py).
+"""Recipe blocks of the merge and long-context stages (composed into flows/recipe_schema.py).
 
 They compose the libraries' configs (model.config, data.long_context_config) with the few
 settings that only make sense at the stage level (which windows to try, which lengths to

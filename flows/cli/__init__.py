@@ -1,0 +1,57 @@
+"""The `stagewise` command: run recipes, prepare data, size models, show recipes.
+
+    stagewise demo                          # the tiny CPU demo, end to end
+    stagewise run recipes/tiny.yaml --set stages.pretrain.tokens=491520
+    stagewise recipe show recipes/nemotron-3-nano-4b.yaml
+
+Exit codes: 0 success, 2 bad input (a recipe error, a missing file, a bad option: one clear
+message, no traceback), 1 a failure while running (the error; the traceback only with
+`--debug` or STAGEWISE_DEBUG=1). torch, transformers, prefect and mlflow are imported
+inside the commands that need them, so `stagewise --help` stays fast.
+
+This package only builds the `app` and mounts the commands, one module per command group:
+run.py (run, demo), data.py (data prepare|curate|pack), inspect.py, recipe.py (recipe
+show|schema), evaluate.py (eval, cutoffs), merge.py; output.py holds the shared result and
+error reporting, options.py the shared arguments. The order below is the order `--help` lists.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from flows.cli import data, evaluate, inspect, merge, recipe, run
+from flows.cli.options import DebugOpt
+from flows.cli.output import DEBUG, BadInput
+from flows.cli.run import shipped_recipe
+
+__all__ = ["app", "main", "BadInput", "shipped_recipe"]
+
+app = typer.Typer(
+    name="stagewise",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+app.add_typer(data.data_app, name="data")
+app.add_typer(recipe.recipe_app, name="recipe")
+app.command()(run.run)
+app.command()(run.demo)
+app.command("inspect")(inspect.inspect_cmd)
+app.command("eval")(evaluate.eval_cmd)
+app.command("cutoffs")(evaluate.cutoffs_cmd)
+app.command("merge")(merge.merge_cmd)
+
+
+@app.callback()
+def _main(debug: bool = DebugOpt) -> None:
+    """Train NemotronH hybrid models stage by stage from one YAML recipe (Prefect + MLflow).
+
+    Start with `stagewise demo`, then `stagewise recipe show recipes/tiny.yaml`.
+    """
+    DEBUG["on"] = debug
+
+
+def main() -> None:
+    """Console-script entry point (`stagewise = flows.cli:main`)."""
+    app()

@@ -1,0 +1,203 @@
+"""Cross-field checks of a recipe: the rules that span more than one library's config.
+
+Each library validates its own block (model.config, data.config, ...); what spans blocks lives
+here so each problem can name the exact YAML path that breaks it: phases and the tokenizer
+naming known sources, schedules fitting the stage's tokens, eval suites existing, SFT
+sources/blends/sub-stages agreeing, merging having checkpoints to merge, presets existing.
+Every check returns (yaml path, why, path whose line to cite) tuples. Recipe
+(flows/recipe_schema.py) runs cross_problems() after field validation; the loader runs
+partial_cross_problems() on the parts that validate alone when the whole does not, so one bad
+field hides no other problem.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from data.config import WORLD_PREFIX, PhaseConfig, TokenizerConfig
+from data.sft_config import SFTDataConfig
+from flows.recipe_errors import did_you_mean
+from model.config import ModelConfig, TrainConfig
+
+if TYPE_CHECKING:  # the schema imports this module; its types are needed for annotations only
+    from flows.recipe_schema import Recipe
+
+
+def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """(yaml path, why, path whose line to cite) for every cross-field problem of a recipe."""
+    pre = r.stages.pretrain
+    out = _source_problems([s.name for s in r.data.sources], pre.phases if pre else None, r.tokenizer)
+    out += _schedule_problems("stages.pretrain", pre) if pre else []
+    out += _suite_problems(r, "stages.pretrain", pre)
+    out += _sft_problems(r) if r.stages.sft else []
+    out += _merge_problems(r)
+    out += _suite_problems(r, "stages.merge", r.stages.merge)
+    return out + _preset_problems(r.model)
+
+
+def _merge_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Merging and long context build on pretraining: its checkpoints, data and last blend."""
+    out = []
+    pre = r.stages.pretrain
+    for name in ("merge", "long_context"):
+        if getattr(r.stages, name) is not None and pre is None:
+            out.append((f"stages.{name}", "needs a stages.pretrain block (it starts from pretraining)", f"stages.{name}"))
+    if r.stages.merge is not None and pre is not None:
+        if not pre.checkpoint_every_tokens:
+            out.append(("stages.pretrain.checkpoint_every_tokens",
+                        "must be set when stages.merge is (merging needs intermediate checkpoints)", "stages.merge"))
+        elif pre.keep_checkpoints:
+            kept = pre.keep_checkpoints * pre.checkpoint_every_tokens
+            for i, w in enumerate(r.stages.merge.windows_tokens):
+                if w > kept:
+                    at = f"stages.merge.windows_tokens[{i}]"
+                    out.append((at, f"window of {w} tokens is longer than the {kept} tokens of checkpoints "
+                                    "stages.pretrain.keep_checkpoints keeps", at))
+    return out
+
+
+def _suite_problems(r: Recipe, at: str, stage: Any) -> list[tuple[str, str, str]]:
+    """A stage's eval_suite and gate.suite must name suites of the recipe's `eval` block."""
+    out = []
+    for field, name in (("eval_suite", getattr(stage, "eval_suite", None)),
+                        ("gate.suite", getattr(getattr(stage, "gate", None), "suite", None))):
+        if name is not None and name not in r.eval:
+            where = f"{at}.{field}"
+            known = ", ".join(sorted(r.eval)) or "none; add an `eval:` block"
+            out.append((where, f"unknown eval suite {name!r}{did_you_mean(name, r.eval)}; suites: {known}", where))
+    return out
+
+
+SFT_WORLD_FILES = ("sft_arithmetic.jsonl", "sft_calculator.jsonl", "sft_sorting.jsonl", "sft_lookup.jsonl",
+                   "sft_format.jsonl", "sft_long_context.jsonl", "sft_dirty.jsonl")
+"""What `stages.sft.data.world` writes that a source may train on (sft_eval.jsonl is held out)."""
+
+
+def _sft_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Sources, blends, keep_previous, schedules and suites of `stages.sft`."""
+    sft, at = r.stages.sft, "stages.sft"
+    out = _sft_source_problems(sft.data, f"{at}.data")
+    domains = sorted({s.domain_name for s in sft.data.sources})
+    out += _suite_problems(r, at, sft)
+    seen: set[str] = set()
+    for i, sub in enumerate(sft.stages):
+        here = f"{at}.stages[{i}]"
+        if sub.name in seen:
+            out.append((f"{here}.name", f"duplicate sub-stage name {sub.name!r}", f"{here}.name"))
+        seen.add(sub.name)
+        for domain in sub.blend.weights:
+            if domain not in domains:
+                why = f"unknown domain {domain!r}{did_you_mean(domain, domains)}; the sources' domains: {', '.join(domains)}"
+                out.append((f"{here}.blend.weights.{domain}", why, f"{here}.blend.weights.{domain}"))
+        if i == 0 and sub.keep_previous > 0:
+            why = f"the first sub-stage has no previous one to keep data from; got {sub.keep_previous}"
+            out.append((f"{here}.keep_previous", why, f"{here}.keep_previous"))
+        out += _schedule_problems(here, sub)
+        out += _suite_problems(r, here, sub)
+    return out
+
+
+def _sft_source_problems(data: SFTDataConfig, at: str) -> list[tuple[str, str, str]]:
+    """Unique source names; `@world/` paths need the world block and name a file it writes."""
+    out, seen = [], set()
+    for i, src in enumerate(data.sources):
+        here = f"{at}.sources[{i}]"
+        if src.name in seen:
+            out.append((f"{here}.name", f"duplicate source name {src.name!r}", f"{here}.name"))
+        seen.add(src.name)
+        out += _sft_world_path_problems(f"{here}.path", src.path, data, training=True)
+    if data.heldout is not None:
+        out += _sft_world_path_problems(f"{at}.heldout", data.heldout, data, training=False)
+    return out
+
+
+def _sft_world_path_problems(where: str, path: str, data: SFTDataConfig, training: bool) -> list[tuple[str, str, str]]:
+    if not path.startswith(WORLD_PREFIX):
+        return []
+    if data.world is None:
+        return [(where, f"{WORLD_PREFIX} paths need a `world` block in stages.sft.data (it generates them)", where)]
+    name = path[len(WORLD_PREFIX):]
+    if training and name == "sft_eval.jsonl":
+        return [(where, "sft_eval.jsonl is the held-out set: it is scored, never trained on", where)]
+    files = SFT_WORLD_FILES + (() if training else ("sft_eval.jsonl",))
+    if name not in files:
+        return [(where, f"the SFT world writes no {name!r}{did_you_mean(name, files)}; files: {', '.join(files)}", where)]
+    return []
+
+
+def _preset_problems(model: ModelConfig) -> list[tuple[str, str, str]]:
+    """A preset name must exist (checked here so a typo fails before any work starts)."""
+    from model.presets import preset_names  # reads JSON files only; no torch
+
+    names = preset_names()
+    if model.from_ is not None or model.preset is None or model.preset in names:
+        return []
+    why = f"unknown preset {model.preset!r}{did_you_mean(model.preset, names)}; presets: {', '.join(names)}"
+    return [("model.preset", why, "model.preset")]
+
+
+def _source_problems(names: list[str], phases: list[PhaseConfig] | None,
+                     tokenizer: TokenizerConfig | None) -> list[tuple[str, str, str]]:
+    """Phases and the tokenizer may only name sources the data block defines."""
+    out = _phase_problems("stages.pretrain.phases", phases, names) if phases else []
+    for i, name in enumerate((tokenizer.train_sources if tokenizer else None) or []):
+        if name not in names:
+            at = f"tokenizer.train_sources[{i}]"
+            out.append((at, f"unknown source {name!r}{did_you_mean(name, names)}", at))
+    return out
+
+
+def partial_cross_problems(raw: dict) -> list[tuple[str, str, str]]:
+    """Cross checks on the parts that validate alone, so one bad field hides no other problem."""
+    def part(model: type[BaseModel], value: Any) -> Any:
+        try:
+            return model.model_validate(value)
+        except (ValidationError, TypeError):
+            return None
+
+    sources = (raw.get("data") or {}).get("sources") if isinstance(raw.get("data"), dict) else None
+    if not isinstance(sources, list):
+        return []
+    names = [s["name"] for s in sources if isinstance(s, dict) and isinstance(s.get("name"), str)]
+    pre = (raw.get("stages") or {}).get("pretrain")
+    phases = [part(PhaseConfig, p) for p in pre.get("phases") or []] if isinstance(pre, dict) else []
+    phases = phases if phases and None not in phases and isinstance(pre.get("phases"), list) else None
+    return _source_problems(names, phases, part(TokenizerConfig, raw.get("tokenizer") or {}))
+
+
+def _phase_problems(at: str, phases: list[PhaseConfig], names: list[str]) -> list[tuple[str, str, str]]:
+    """The rules of data.config.check_phases, each reported at the phase that breaks it."""
+    out: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for i, p in enumerate(phases):
+        here = f"{at}[{i}]"
+        if p.name in seen:
+            out.append((f"{here}.name", f"duplicate phase name {p.name!r}", f"{here}.name"))
+        seen.add(p.name)
+        if i and p.until <= phases[i - 1].until:
+            why = f"must be greater than the previous phase's until ({phases[i - 1].until}); got {p.until}"
+            out.append((f"{here}.until", why, f"{here}.until"))
+        for src in p.blend:
+            if src not in names:
+                why = f"unknown source {src!r}{did_you_mean(src, names)}; known: {', '.join(sorted(names))}"
+                out.append((f"{here}.blend", why, f"{here}.blend.{src}"))
+    if phases[-1].until != 1.0:
+        last = f"{at}[{len(phases) - 1}].until"
+        out.append((last, f"the last phase must end at 1.0; got {phases[-1].until}", last))
+    return out
+
+
+def _schedule_problems(at: str, stage: TrainConfig) -> list[tuple[str, str, str]]:
+    """Warmup and decay must fit inside the stage's token budget."""
+    sched, out = stage.schedule, []
+    if sched.warmup_tokens >= stage.tokens:
+        why = f"must be less than the stage's tokens ({stage.tokens}); got {sched.warmup_tokens}"
+        out.append((f"{at}.schedule.warmup_tokens", why, f"{at}.schedule.warmup_tokens"))
+    elif sched.kind == "wsd" and sched.decay_tokens is not None:
+        if sched.warmup_tokens + sched.decay_tokens > stage.tokens:
+            why = (f"warmup_tokens + decay_tokens ({sched.warmup_tokens + sched.decay_tokens}) "
+                   f"exceed the stage's tokens ({stage.tokens})")
+            out.append((f"{at}.schedule.decay_tokens", why, f"{at}.schedule.decay_tokens"))
+    return out

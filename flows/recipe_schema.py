@@ -1,0 +1,170 @@
+"""The recipe's typed schema: the pydantic models a recipe YAML validates into, and its stages.
+
+The models compose the libraries' own configs (model.config, data.config, data.sft_config,
+eval.gates, and flows/stage_schemas.py for merge and long context) with the few settings that
+exist only at the recipe level. Recipe runs the cross-field checks of flows/recipe_checks.py
+after field validation. STAGE_ORDER names every stage of the design in pipeline order;
+available_stages() and select_stages() say which of them this version (and a recipe) can run.
+Reading YAML into these models is flows/recipe_loader.py's job.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+from data.config import DataConfig, PhaseConfig, TokenizerConfig
+from data.sft_config import SFTBlend, SFTDataConfig
+from eval.gates import GateConfig
+from flows.recipe_checks import cross_problems
+from flows.recipe_errors import RecipeError, did_you_mean
+from flows.stage_schemas import LongContextStage, MergeStage
+from model.config import LoRAConfig, ModelConfig, TrainConfig
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+
+
+class TrackingConfig(_Config):
+    """Where MLflow records go."""
+
+    uri: str | None = None
+    """MLflow tracking URI; default a SQLite store at <workdir>/mlflow.db."""
+    experiment: str | None = None
+    """MLflow experiment; default the recipe name."""
+
+
+class PretrainStage(TrainConfig):
+    """Phased pretraining: one LR schedule over the stage, blends switching at token fractions."""
+
+    phases: list[PhaseConfig] = Field(min_length=1)
+    """The curriculum: e.g. a diversity blend until 0.8, then a quality blend until 1.0."""
+    val_tokens: int = Field(65536, gt=0)
+    """Held-out tokens scored for the validation loss (per evaluation)."""
+    eval_suite: str | None = None
+    """An eval suite (recipe `eval` block) run at each phase end and gate mark, besides validation loss."""
+    gate: GateConfig | None = None
+    """Stop the stage early when this rule holds on its evaluations (see eval/gates.py)."""
+
+
+class SFTSubStage(TrainConfig):
+    """One SFT sub-stage: its blend, packs (seq_length is the pack size), loss normalisation, LR schedule."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Sub-stage name: its MLflow run, metric prefix `sft/<name>/...` and stage directory."""
+    normalization: Literal["token", "conversation"] = "token"
+    """Loss normalisation (ALGORITHMS.md 4): token (every supervised token weighs the same) or
+    conversation (every conversation weighs the same, however long)."""
+    blend: SFTBlend
+    """Domain weights, conversation count and reasoning-off fraction of this sub-stage's sample."""
+    keep_previous: float = Field(0.0, ge=0, le=1)
+    """Share of the previous sub-stage's sample trained on again here, added to this blend's sample
+    (so a later sub-stage does not forget the earlier one's data)."""
+    max_epochs: float | None = Field(None, gt=0)
+    """Passes over the packed rows at most (None: as many as the token budget needs)."""
+    eval_suite: str | None = None
+    """An eval suite (recipe `eval` block) run at this sub-stage's gate marks, besides the held-out conversations."""
+    gate: GateConfig | None = None
+    """Stop the sub-stage early when this rule holds on its evaluations (see eval/gates.py)."""
+    lora: LoRAConfig | None = None
+    """Train LoRA adapters only; every checkpoint is saved merged (a plain model)."""
+
+
+class SFTStage(_Config):
+    """Supervised fine-tuning: curate conversations, then train one or more sub-stages in turn."""
+
+    data: SFTDataConfig
+    """Sources, curation and the optional demo-world conversations."""
+    stages: list[SFTSubStage] = Field(min_length=1)
+    """Sub-stages in order, each starting from the previous one's checkpoint
+    (e.g. short packs and token normalisation, then long packs and conversation normalisation)."""
+    eval_suite: str | None = None
+    """An eval suite scored on the starting (base) model and after every sub-stage: the
+    before/after comparison logged as `sft/<task>/<metric>_delta`."""
+    eval_limit: int | None = Field(None, gt=0)
+    """Items per task of eval_suite (None: all)."""
+
+
+class StagesConfig(_Config):
+    """One optional block per stage; a stage runs when its block is present."""
+
+    pretrain: PretrainStage | None = None
+    """Phased pretraining."""
+    merge: MergeStage | None = None
+    """Merge pretraining checkpoints over windows (decay emulation) and hand on the best."""
+    long_context: LongContextStage | None = None
+    """Long-context continued pretraining from the (merged) pretraining checkpoint."""
+    sft: SFTStage | None = None
+    """Supervised fine-tuning on curated, packed conversations (after pretraining)."""
+
+
+class Recipe(_Config):
+    """A whole training recipe."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Recipe name; also the MLflow experiment unless tracking.experiment is set."""
+    seed: int = 1234
+    """Seeds data generation, sampling, initialisation and dropout."""
+    workdir: str = "runs/${name}"
+    """Where data, checkpoints and the default MLflow store live (relative to the current directory)."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """MLflow settings."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The network."""
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    """The tokenizer."""
+    data: DataConfig
+    """Pretraining sources."""
+    eval: dict[str, list[str]] = Field(default_factory=dict)
+    """Named evaluation suites: suite name -> task names."""
+    stages: StagesConfig = Field(default_factory=StagesConfig)
+    """The stages to run, in pipeline order."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo) -> "Recipe":
+        # Checks that span libraries. The loader passes a list in the context to collect each
+        # problem with its own YAML path; a plain model_validate raises them all at once.
+        problems = cross_problems(self)
+        sink = (info.context or {}).get("problems")
+        if sink is not None:
+            sink.extend(problems)
+        elif problems:
+            raise ValueError("; ".join(f"{path}: {why}" for path, why, _ in problems))
+        return self
+
+
+# --------------------------------------------------------------------------- stages
+
+STAGE_ORDER = ("pretrain", "merge", "long_context", "sft", "rl", "distill", "quantize")
+"""Every stage the design names, in pipeline order; later issues add the missing blocks."""
+
+
+def available_stages() -> list[str]:
+    """Stages this version can run (the blocks StagesConfig has)."""
+    return [s for s in STAGE_ORDER if s in StagesConfig.model_fields]
+
+
+def not_yet_available(stage: str) -> str:
+    """Why a stage the design names cannot be used here (the loader and `--stages` both say it)."""
+    return f"stage {stage!r} is not available yet in this version (available: {', '.join(available_stages())})"
+
+
+def select_stages(recipe: Recipe, names: str | typing.Sequence[str] | None) -> list[str] | None:
+    """`--stages a,b` checked against the recipe, returned in pipeline order (None: all present)."""
+    if names is None:
+        return None
+    wanted = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
+    problems = []
+    for n in wanted:
+        if n not in STAGE_ORDER:
+            problems.append(f"--stages: unknown stage {n!r}{did_you_mean(n, STAGE_ORDER)}")
+        elif n not in available_stages():
+            problems.append(f"--stages: {not_yet_available(n)}")
+        elif getattr(recipe.stages, n) is None:
+            problems.append(f"--stages: the recipe has no stages.{n} block")
+    if problems or not wanted:
+        raise RecipeError(problems or ["--stages: name at least one stage"])
+    return [s for s in STAGE_ORDER if s in wanted]
