@@ -5,7 +5,9 @@ stage's phases, plus every `gate.eval_every_tokens` when the stage has a gate. A
 the checkpoint is evaluated (`evaluate`), and the gate decides from what MLflow holds:
 continue, stop (hand on the checkpoint it names) or fail (raise GateFailed with the
 evidence; the pipeline stops). A gated stage is evaluated once before it trains, so
-relative thresholds and guards have a start value.
+relative thresholds and guards have a start value. A stage resumed mid-way carries the
+metric history of its interrupted run over into the new one (Tracker.carry_over), so that
+start value, and the loss curves, survive the crash.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ def run_stretches(
     """Train from `start` through every mark; returns the checkpoint handed on and the last gate decision."""
     logger = get_run_logger()
     ckpt, decision = start, None
+    tracker.set_tags(run_id, {"stagewise.stage_dir": spec.out_dir})
+    if start is not None and 0 < start.tokens_seen < total:  # resumed mid-stage: keep the history so far
+        source = tracker.carry_over(run_id, spec.out_dir, start.step)
+        if source:
+            logger.info("%s resumes at step %d: metrics up to it carried over from run %s", spec.stage, start.step, source)
     if gate is not None and (ckpt is None or ckpt.tokens_seen == 0):
         ckpt = ckpt or train_task(spec, "start", 0, None, tracker, run_id)
         evaluate(ckpt)

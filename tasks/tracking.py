@@ -151,6 +151,29 @@ class Tracker:
             out[name] = [(step, _tokens_at(steps, tokens, step), value) for step, value in points]
         return out
 
+    def carry_over(self, run_id: str, stage_dir: str, until_step: int) -> str | None:
+        """Copy into `run_id` the metric history, up to `until_step`, of the latest other run
+        that trained `stage_dir`; returns that run's id (None when there is none).
+
+        A stage resumed with `--resume` opens a new run; without its predecessor's history a
+        gate would measure relative thresholds from the resume point and the loss plots would
+        start there. Points after `until_step` (the checkpoint resumed from) are left out:
+        training repeats them."""
+        from mlflow.entities import Metric
+
+        client = self.client()
+        runs = client.search_runs([self.experiment_id()], f"tags.`stagewise.stage_dir` = '{stage_dir}'",
+                                  order_by=["attributes.start_time DESC"], max_results=10)
+        source = next((r for r in runs if r.info.run_id != run_id), None)
+        if source is None:
+            return None
+        points = [Metric(m.key, m.value, m.timestamp, m.step) for key in source.data.metrics
+                  for m in client.get_metric_history(source.info.run_id, key) if m.step <= until_step]
+        for i in range(0, len(points), _BATCH):
+            client.log_batch(run_id, metrics=points[i:i + _BATCH])
+        self.set_tags(run_id, {"stagewise.resumed_from_run": source.info.run_id})
+        return source.info.run_id
+
     def metric_names(self, run_id: str) -> list[str]:
         """Every metric the run has logged (cheap: no histories), e.g. to name the nearest in an error."""
         return sorted(self.client().get_run(run_id).data.metrics)

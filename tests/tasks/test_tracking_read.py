@@ -101,3 +101,18 @@ def test_run_block_ends_finished_or_failed_and_reraises(store):
     client = tracker.client()
     assert client.get_run(ok).info.status == "FINISHED"
     assert client.get_run(bad).info.status == "FAILED"
+
+
+def test_carry_over_copies_the_interrupted_runs_history_up_to_the_resume_step(store):
+    tracker, _, _ = store
+    crashed = tracker.start_run("pretrain", {STAGE_TAG: "pretrain", "stagewise.stage_dir": "/w/stages/p-1"})
+    tracker.log_metrics(crashed, [(step, step * 10, {LOSS: 9.0 - step}) for step in range(0, 7)])
+    tracker.end_run(crashed, "FAILED")
+    other = tracker.start_run("pretrain", {STAGE_TAG: "pretrain", "stagewise.stage_dir": "/w/stages/p-2"})
+    tracker.log_metrics(other, [(0, 0, {LOSS: 1.0})])
+    resumed = tracker.start_run("pretrain", {STAGE_TAG: "pretrain", "stagewise.stage_dir": "/w/stages/p-1"})
+    assert tracker.carry_over(resumed, "/w/stages/p-1", until_step=4) == crashed
+    history = tracker.metric_histories(resumed, [LOSS])[LOSS]
+    assert [(s, t, v) for s, t, v in history] == [(s, s * 10, 9.0 - s) for s in range(0, 5)]
+    assert tracker.client().get_run(resumed).data.tags["stagewise.resumed_from_run"] == crashed
+    assert tracker.carry_over(other, "/w/stages/none", until_step=4) is None
