@@ -33,7 +33,7 @@ from data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
 from tasks.refs import CheckpointRef
 from tasks.tracking import Tracker
 
-SFT_DATA_VERSION = 3
+SFT_DATA_VERSION = 4
 """Bump when the way SFT data is generated, curated, sampled or packed changes (new directories)."""
 IM_END = "<|im_end|>"
 

@@ -46,11 +46,11 @@ def _assistant(content: str, reasoning: str | None = None) -> dict:
 
 
 def arithmetic(rng: random.Random, _: list[Entity]) -> dict:
-    """A small problem (60% one-digit, 40% two-digit operands) answered with the number, its
+    """A small problem (80% one-digit, 20% two-digit operands) answered with the number, its
     one-line trace as reasoning: mental arithmetic. Multi-digit problems are the calculator
     domain's (a tool call), and pretraining's (column working): the tiny model cannot do them
     in its head, so asking it to would teach the answer's form and nothing else."""
-    p = make_small_problem(rng, 1 if rng.random() < 0.6 else 2)
+    p = make_small_problem(rng, 1 if rng.random() < 0.8 else 2)
     ask = rng.choice(["Compute {q}.", "What is {q}?", "Work out {q} and give the result.", "{q} = ?"])
     return {"messages": [_user(ask.format(q=p.question)), _assistant(str(p.answer), f"{p.question} = {p.answer}.")]}
 
