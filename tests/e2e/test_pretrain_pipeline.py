@@ -91,7 +91,10 @@ def test_mlflow_holds_parent_and_stage_runs(pipeline_run):
     _, summary = pipeline_run
     client = MlflowClient(tracking_uri=summary["tracking_uri"])
     exp = client.get_experiment_by_name(summary["experiment"])
-    runs = client.search_runs([exp.experiment_id])
+    # This pipeline run's parent and its children (a rerun test adds another pipeline run).
+    parent_id = client.get_run(summary["stages"][0]["run_id"]).data.tags["mlflow.parentRunId"]
+    runs = [r for r in client.search_runs([exp.experiment_id])
+            if parent_id in (r.info.run_id, r.data.tags.get("mlflow.parentRunId"))]
     stage_runs = [r for r in runs if r.data.tags.get("stagewise.stage") == "pretrain"]
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(stage_runs) == 1 and len(parents) == 1
