@@ -94,7 +94,6 @@ def pretrain_flow(
             "model": model.model_dump(), "train": train_cfg.model_dump(), "phases": [p.model_dump() for p in stage.phases],
             "data": prepared.digest, "seed": seed,
         })
-        tracker.set_tags(run_id, {"stagewise.stage_dir": str(out_dir)})
         spec = TrainSpec(
             stage=STAGE, model=model, train=train_cfg, out_dir=str(out_dir), seed=seed, recipe_hash=recipe_hash,
             device=device, data=ShardData(prepared=prepared, phases=stage.phases,

@@ -162,7 +162,8 @@ class Tracker:
         from mlflow.entities import Metric
 
         client = self.client()
-        runs = client.search_runs([self.experiment_id()], f"tags.`stagewise.stage_dir` = '{stage_dir}'",
+        quote = '"' if "'" in stage_dir else "'"  # a path may hold one kind of quote; MLflow takes either
+        runs = client.search_runs([self.experiment_id()], f"tags.`stagewise.stage_dir` = {quote}{stage_dir}{quote}",
                                   order_by=["attributes.start_time DESC"], max_results=10)
         source = next((r for r in runs if r.info.run_id != run_id), None)
         if source is None:
