@@ -8,9 +8,9 @@
 Every output lies in a directory named by a hash of its inputs (Marin's rule): re-running
 with the same inputs finds it and does nothing; any change makes a new one. Tasks hand
 each other small refs (paths + digests), never conversations or tensors. The libraries do
-the work (data/world/conversations.py, data/curate, data/sft_blend.py, data/sft_data.py);
-these tasks resolve paths, log to MLflow and refuse bad data with a message a user can act
-on. Metrics (all at step 0 of the SFT stage run):
+the work (data/world/conversations.py, and data/sft_assembly.py over data/curate,
+data/sft_blend.py and data/sft_data.py); these tasks name the directories, log to MLflow and
+refuse bad data with a message that names the recipe field. Metrics (all at step 0 of the SFT stage run):
 `sft/curate/<source>/{total,kept,reject_rate,<reason>}`,
 `sft/<substage>/{pack_efficiency,packs,dropped,supervised_tokens,conversations,reasoning_off}`,
 `sft/<substage>/mix/<domain>` (the realised mixture; `kept_previous` is the share carried over).
@@ -20,22 +20,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
-import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from data.sft_assembly import IM_END, SFTDataError, chat_eos, keep_previous, realised_mixture  # noqa: F401 (re-exported)
 from data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
 from tasks.refs import CheckpointRef
 from tasks.tracking import Tracker
 
 SFT_DATA_VERSION = 4
 """Bump when the way SFT data is generated, curated, sampled or packed changes (new directories)."""
-IM_END = "<|im_end|>"
 
 
 class CuratedRef(BaseModel):
@@ -59,10 +56,6 @@ class PackedRef(BaseModel):
     digest: str
     report: dict
     mixture: dict[str, float]
-
-
-class SFTDataError(ValueError):
-    """SFT data that cannot train a sub-stage (too few packs, an empty sample): what to change."""
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -96,47 +89,6 @@ def resolve(path: str, base_dir: str | Path, world_dir: str | Path | None) -> Pa
     return resolve_path(path, Path(base_dir), Path(world_dir) if world_dir else None)
 
 
-def keep_previous(previous: list[tuple[str, dict]], share: float, seed: int) -> list[tuple[str, dict]]:
-    """round(share x len(previous)) of the previous sample's (domain, conversation)s, seeded, no repeats."""
-    n = round(share * len(previous))
-    if n <= 0:
-        return []
-    order = np.random.default_rng([seed, 0x4B50]).permutation(len(previous))[:n]
-    return [previous[i] for i in sorted(order)]
-
-
-def realised_mixture(domains: list[str], kept_previous: int) -> dict[str, float]:
-    """Share of each domain in the final sample, plus `kept_previous` (the share carried over)."""
-    from collections import Counter
-
-    total = max(len(domains), 1)
-    out = {d: n / total for d, n in Counter(domains).items()}
-    out["kept_previous"] = kept_previous / total
-    return dict(sorted(out.items()))
-
-
-def chat_eos(generation_config: dict, im_end_id: int) -> dict:
-    """generation_config with <|im_end|> among the eos ids (a chat model's turn ends there)."""
-    eos = generation_config.get("eos_token_id")
-    ids = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
-    if im_end_id not in ids:
-        ids.append(im_end_id)
-    return {**generation_config, "eos_token_id": ids}
-
-
-def _read_jsonl(path: str | Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _read_sample(path: str | Path) -> list[tuple[str, dict]]:
-    return [(row["domain"], row["conversation"]) for row in _read_jsonl(path)]
-
-
-def _write_jsonl(path: Path, rows: list) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-
-
 # --------------------------------------------------------------------------- tasks
 
 @task(name="sft-world", cache_policy=NO_CACHE)
@@ -162,7 +114,8 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
     A source above its max_reject_rate raises CurationError (the stage stops; its rejects
     file says why line by line)."""
     from data.atomic import building
-    from data.curate import CurationError, curate
+    from data.curate import CurationError
+    from data.sft_assembly import curate_sources, failed_rejects
 
     paths = {s.name: resolve(s.path, base_dir, world_dir) for s in sources}
     missing = [f"{s.name}: {paths[s.name]}" for s in sources if not paths[s.name].is_file()]
@@ -172,38 +125,17 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
     digest = digest_of([inputs, cfg.model_dump(), SFT_DATA_VERSION])
     root = Path(workdir) / "sft_data" / f"curated-{digest[:16]}"
     if not (root / "summary.json").is_file():
-        with building(root) as tmp:
-            reports = {}
-            for s in sources:
-                try:
-                    report = curate(paths[s.name], cfg, tmp / f"{s.name}.rejects.jsonl", source=s.name,
-                                    max_reject_rate=s.max_reject_rate)
-                except CurationError as err:
-                    raise _with_kept_rejects(err, tmp / f"{s.name}.rejects.jsonl", root, tracker, run_id) from None
-                _write_jsonl(tmp / f"{s.name}.jsonl", report.kept)
-                reports[s.name] = {**report.to_dict(), "rejects_path": str(root / f"{s.name}.rejects.jsonl")}
-                (tmp / f"{s.name}.report.json").write_text(json.dumps(reports[s.name], indent=2))
-            (tmp / "summary.json").write_text(json.dumps(reports, indent=2))
+        try:
+            with building(root) as tmp:
+                curate_sources(paths, sources, cfg, tmp, final=root)
+        except CurationError as err:
+            if tracker and run_id:  # the rejects kept under <root>.failed/, also in MLflow's curation/
+                tracker.log_artifact(run_id, failed_rejects(root, err.source), "curation")
+            raise
     summary = json.loads((root / "summary.json").read_text())
     _log_curation(summary, root, tracker, run_id)
     return CuratedRef(root=str(root), digest=digest, files={s.name: str(root / f"{s.name}.jsonl") for s in sources},
                       domains={s.name: s.domain_name for s in sources})
-
-
-def _with_kept_rejects(err, rejects: Path, root: Path, tracker: Tracker | None, run_id: str | None):
-    """The CurationError again, pointing at the failed source's rejects copied out of the temporary
-    directory (about to be removed) to `<curated dir>.failed/`, and into MLflow's curation/."""
-    from collections import Counter
-
-    from data.curate import CurationError
-
-    keep = root.with_name(f"{root.name}.failed") / rejects.name
-    keep.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(rejects, keep)
-    if tracker and run_id:
-        tracker.log_artifact(run_id, keep, "curation")
-    reasons = Counter(row["reason"] for row in _read_jsonl(keep))
-    return CurationError(err.source, err.rate, err.limit, dict(reasons), keep)
 
 
 def _log_curation(summary: dict, root: Path, tracker: Tracker | None, run_id: str | None) -> None:
@@ -240,7 +172,7 @@ def sft_start_task(checkpoint: str, workdir: str) -> CheckpointRef:
     `<workdir>/sft_data/start-<weights sha>`: the pretrain stage's own checkpoint is never
     edited. Every SFT checkpoint copies this tokenizer and generation config."""
     from data.atomic import building
-    from data.chat import install_chat_template_dir
+    from data.sft_assembly import make_chat_start
     from model.checkpoint import META_FILE, read_meta, weights_sha256
 
     src = Path(checkpoint)
@@ -250,35 +182,10 @@ def sft_start_task(checkpoint: str, workdir: str) -> CheckpointRef:
     out = Path(workdir) / "sft_data" / f"start-{digest_of([sha, SFT_DATA_VERSION])[:16]}"
     if not (out / "config.json").is_file():
         with building(out) as tmp:
-            for f in sorted(src.iterdir()):
-                if f.is_file():
-                    _link_or_copy(f, tmp / f.name)
-            install_chat_template_dir(tmp)
-            _set_chat_eos(tmp)
+            make_chat_start(src, tmp)
     meta = read_meta(out) if (out / META_FILE).is_file() else None
     return CheckpointRef(path=str(out), step=meta.step if meta else 0, tokens_seen=meta.tokens_seen if meta else 0,
                          sha256=sha)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    if src.suffix == ".safetensors":
-        try:
-            os.link(src, dst)
-            return
-        except OSError:
-            pass
-    shutil.copy2(src, dst)
-
-
-def _set_chat_eos(ckpt: Path) -> None:
-    from transformers import AutoTokenizer
-
-    im_end = AutoTokenizer.from_pretrained(str(ckpt)).convert_tokens_to_ids(IM_END)
-    if not isinstance(im_end, int) or im_end < 0:
-        return  # a tokenizer without the chat tokens: nothing to add
-    path = ckpt / "generation_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps(chat_eos(config, im_end), indent=2) + "\n")
 
 
 @task(name="sft-blend-pack", cache_policy=NO_CACHE)
@@ -287,54 +194,27 @@ def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | 
     """Sample sub-stage `sub`'s blend (+ its keep_previous share of `previous`), render with the
     chat template and best-fit pack into rows of sub.seq_length tokens; log the report and mixture."""
     from data.atomic import building
+    from data.sft_assembly import blend_and_pack, check_enough_packs, tokenizer_files
 
-    tok_digest = digest_of([file_digest(p) for p in sorted(Path(tokenizer_dir).glob("*")) if p.is_file()
-                            and p.name.startswith(("tokenizer", "chat_template", "special_tokens"))])
+    tok_digest = digest_of([file_digest(p) for p in tokenizer_files(tokenizer_dir)])
     inputs = [curated.digest, sub.blend.model_dump(), sub.keep_previous, previous.digest if previous else None,
               tok_digest, sub.seq_length, seed, index, SFT_DATA_VERSION]
     digest = digest_of(inputs)
     root = Path(workdir) / "sft_data" / f"packed-{sub.name}-{digest[:16]}"
-    if not (root / "report.json").is_file():
-        with building(root) as tmp:
-            _blend_and_pack(sub, index, curated, previous, tokenizer_dir, seed, tmp)
-    doc = json.loads((root / "report.json").read_text())
-    ref = PackedRef(root=str(root), rows=str(root / "rows.npz"), sample=str(root / "sample.jsonl"), digest=digest,
-                    report=doc["packing"], mixture=doc["mixture"])
-    _log_packing(sub.name, ref, doc, tracker, run_id)
-    if ref.report["packs"] < sub.global_batch:
-        raise SFTDataError(f"stages.sft sub-stage {sub.name!r}: {ref.report['packs']} packs of {sub.seq_length} tokens, "
-                           f"fewer than one global batch ({sub.global_batch}); raise blend.conversations or "
-                           "lower global_batch")
+    try:
+        if not (root / "report.json").is_file():
+            with building(root) as tmp:
+                blend_and_pack(curated.files, curated.domains, sub.blend, sub.seq_length, seed + index, tokenizer_dir,
+                               tmp, previous_sample=previous.sample if previous else None,
+                               keep_share=sub.keep_previous)
+        doc = json.loads((root / "report.json").read_text())
+        ref = PackedRef(root=str(root), rows=str(root / "rows.npz"), sample=str(root / "sample.jsonl"),
+                        digest=digest, report=doc["packing"], mixture=doc["mixture"])
+        _log_packing(sub.name, ref, doc, tracker, run_id)
+        check_enough_packs(ref.report, sub.seq_length, sub.global_batch)
+    except SFTDataError as err:
+        raise SFTDataError(f"stages.sft sub-stage {sub.name!r}: {err}") from None
     return ref
-
-
-def _blend_and_pack(sub, index: int, curated: CuratedRef, previous: PackedRef | None, tokenizer_dir: str,
-                    seed: int, out: Path) -> None:
-    from data.sft_blend import sample_blend
-    from data.sft_config import PackingConfig
-    from data.sft_data import pack_conversations, save_packed
-    from transformers import AutoTokenizer
-
-    pools: dict[str, list[dict]] = {}
-    for name, path in curated.files.items():
-        domain = curated.domains[name]
-        pools.setdefault(domain, []).extend(_read_jsonl(path))
-    blend = sample_blend(pools, sub.blend.weights, seed + index, n=sub.blend.conversations,
-                         max_epochs=sub.blend.max_epochs)
-    sample = list(zip(blend.domains, blend.conversations))
-    kept = keep_previous(_read_sample(previous.sample), sub.keep_previous, seed + index) if previous else []
-    sample += kept
-    if not sample:
-        raise SFTDataError(f"stages.sft sub-stage {sub.name!r}: the blend sampled no conversations")
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    convs = [c for _, c in sample]
-    packed = pack_conversations(convs, tok, PackingConfig(pack_size=sub.seq_length),
-                                sub.blend.reasoning_off_fraction, seed + index)
-    save_packed(out / "rows.npz", packed.rows)
-    _write_jsonl(out / "sample.jsonl", [{"domain": d, "conversation": c} for d, c in sample])
-    report = {"packing": packed.to_dict(), "blend": blend.to_dict(), "kept_previous": len(kept),
-              "mixture": realised_mixture([d for d, _ in sample], len(kept))}
-    (out / "report.json").write_text(json.dumps(report, indent=2))
 
 
 def _log_packing(name: str, ref: PackedRef, doc: dict, tracker: Tracker | None, run_id: str | None) -> None:

@@ -1,4 +1,5 @@
-"""SFT data tasks: their pure helpers, and each task's body (`.fn`) on a small world, without Prefect or MLflow."""
+"""SFT data tasks: each task's body (`.fn`) on a small world, without Prefect or MLflow (the library
+functions they call are tested in tests/data/test_sft_assembly.py)."""
 
 from __future__ import annotations
 
@@ -13,38 +14,12 @@ from tasks.sft_data import (
     PackedRef,
     SFTDataError,
     blend_pack_task,
-    chat_eos,
     curate_task,
-    keep_previous,
-    realised_mixture,
     sft_start_task,
     sft_world_task,
 )
 
 SOURCES = [SFTDataSource(name=n, path=f"@world/sft_{n}.jsonl") for n in ("arithmetic", "sorting", "lookup")]
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-def test_keep_previous_takes_a_seeded_share_without_repeats():
-    prev = [("a" if i % 2 else "b", {"id": i}) for i in range(40)]
-    kept = keep_previous(prev, 0.3, seed=1)
-    assert len(kept) == 12 and len({c["id"] for _, c in kept}) == 12
-    assert kept == keep_previous(prev, 0.3, seed=1) != keep_previous(prev, 0.3, seed=2)
-    assert [c["id"] for _, c in kept] == sorted(c["id"] for _, c in kept)  # previous order kept
-    assert keep_previous(prev, 0.0, seed=1) == [] and len(keep_previous(prev, 1.0, seed=1)) == 40
-
-
-def test_realised_mixture_counts_domains_and_the_carried_share():
-    mix = realised_mixture(["a", "a", "b", "a"], kept_previous=1)
-    assert mix == {"a": 0.75, "b": 0.25, "kept_previous": 0.25}
-    assert realised_mixture([], 0) == {"kept_previous": 0.0}
-
-
-def test_chat_eos_adds_im_end_once():
-    assert chat_eos({"eos_token_id": 2, "pad_token_id": 0}, 4) == {"eos_token_id": [2, 4], "pad_token_id": 0}
-    assert chat_eos({"eos_token_id": [2, 4]}, 4)["eos_token_id"] == [2, 4]
-    assert chat_eos({}, 4)["eos_token_id"] == [4]
 
 
 # --------------------------------------------------------------------------- tasks on a small world
