@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -9,6 +10,16 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.refs import CheckpointRef, PreparedRef
 from tasks.tracking import Tracker
+
+
+def task_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The Prefect run logger, or a plain one when a task's `.fn` runs outside a flow (tests, notebooks)."""
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("stagewise.tasks")
 
 
 def _val_streams(prepared_root: Path) -> dict:
@@ -41,7 +52,7 @@ def validation_task(
     model = load_model(Path(checkpoint.path))
     metrics = validation_loss(model, _val_streams(Path(prepared.root)), seq_length, max_tokens)
     metrics["unigram_baseline"] = unigram_cross_entropy(PreparedData.load(Path(prepared.root)))
-    get_run_logger().info(
+    task_logger().info(
         "validation loss %.4f (unigram baseline %.4f) at %d tokens",
         metrics["loss"], metrics["unigram_baseline"], checkpoint.tokens_seen,
     )
@@ -72,17 +83,21 @@ def suite_task(
     limit: int | None = None,
     tracker: Tracker | None = None,
     run_id: str | None = None,
+    prefix: str = "eval",
 ) -> dict[str, float]:
-    """Run lm-eval tasks on a checkpoint; log `eval/<task>/<metric>` and the full results JSON."""
+    """Run lm-eval tasks on a checkpoint (eval.harness.run_checkpoint): the one suite scorer
+    of every stage. Logs `<prefix>/<task>/<metric>` at the checkpoint's step and lm-eval's
+    full results as `<prefix>/results_step<step>.json`; the merge stage passes `merge/trained`
+    and `merge/<window>` so trained and merged checkpoints sit side by side."""
     from eval.harness import run_checkpoint
 
     result = run_checkpoint(Path(checkpoint.path), tasks, limit=limit)
-    metrics = {f"eval/{k}": v for k, v in result.metrics.items()}
-    get_run_logger().info("eval at %d tokens: %s", checkpoint.tokens_seen,
+    metrics = {f"{prefix}/{k}": v for k, v in result.metrics.items()}
+    task_logger().info("%s at %d tokens: %s", prefix, checkpoint.tokens_seen,
                           ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
     if tracker and run_id:
         tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, metrics)])
-        tracker.log_json(run_id, result.raw, f"eval/results_step{checkpoint.step:08d}.json")
+        tracker.log_json(run_id, result.raw, f"{prefix}/results_step{checkpoint.step:08d}.json")
     return metrics
 
 
@@ -97,7 +112,7 @@ def gate_task(gate, tracker: Tracker, run_id: str, tokens_seen: int, budget_exha
     out = decision.to_dict()
     tracker.set_tags(run_id, {"stagewise.gate": decision.action, "stagewise.gate_reason": decision.reason[:4000]})
     tracker.log_json(run_id, out, f"gate/decision_{tokens_seen:012d}.json")
-    get_run_logger().info("gate: %s (%s)", decision.action, decision.reason)
+    task_logger().info("gate: %s (%s)", decision.action, decision.reason)
     return out
 
 
@@ -127,7 +142,7 @@ def heldout_task(
     metrics = heldout_answers(model, tokenizer, convs, limit)
     metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit)
     named = {f"eval/{HELDOUT_TASK}/{k}": v for k, v in metrics.items()}
-    get_run_logger().info("held-out conversations at %d tokens: %s", checkpoint.tokens_seen,
+    task_logger().info("held-out conversations at %d tokens: %s", checkpoint.tokens_seen,
                           ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
     if tracker and run_id:
         tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, named)])

@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.evaluate import validation_task
+from tasks.evaluate import suite_task, task_logger, validation_task
 from tasks.refs import CheckpointRef, PreparedRef
 from tasks.tracking import Tracker
 
@@ -40,20 +40,20 @@ def merge_at_checkpoint_task(
 ) -> dict:
     """Score the trained checkpoint `end` and the merge of each window ending there.
 
-    Returns {"trained": loss, "merges": {window: (loss, path)}}; merged checkpoints are
+    Every checkpoint is scored by validation_task and, with `suite`, suite_task (the scorers
+    of every stage), logged as `merge/trained/...` and `merge/<window>/...` at the step of
+    `end`. Returns {"trained": loss, "merges": {window: (loss, path)}}; merged checkpoints are
     written under `out_root/<step>-w<window>` (the caller keeps only the best)."""
     from model.merge import merge_checkpoints, merge_coefficients, select_window
 
-    logger = get_run_logger()
+    logger = task_logger()
     trained = _ref(Path(end))
 
     def score(ref: CheckpointRef, prefix: str) -> float:
+        """The same scorers as every stage (tasks/evaluate.py), under this checkpoint's prefix."""
         loss = validation_task.fn(ref, prepared, seq_length, val_tokens, tracker, run_id, prefix=prefix)["loss"]
         if suite:
-            from eval.harness import run_checkpoint
-
-            metrics = {f"{prefix}/{k}": v for k, v in run_checkpoint(Path(ref.path), suite, limit=suite_limit).metrics.items()}
-            tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, metrics)])
+            suite_task.fn(ref, suite, suite_limit, tracker, run_id, prefix=prefix)
         return loss
 
     out = {"trained": score(trained, "merge/trained"), "merges": {}}
