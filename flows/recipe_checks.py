@@ -128,11 +128,14 @@ def _sft_world_path_problems(where: str, path: str, data: SFTDataConfig, trainin
 
 
 def _preset_problems(model: ModelConfig) -> list[tuple[str, str, str]]:
-    """A preset name must exist (checked here so a typo fails before any work starts)."""
+    """A preset name must exist, or `from` be given (checked here so a typo fails before any work starts)."""
     from model.presets import preset_names  # reads JSON files only; no torch
 
     names = preset_names()
-    if model.from_ is not None or model.preset is None or model.preset in names:
+    if model.from_ is None and model.preset is None:
+        why = f"required: a preset name ({', '.join(names)}) or `model.from` a checkpoint directory"
+        return [("model.preset", why, "model.preset")]
+    if model.from_ is not None or model.preset in names:
         return []
     why = f"unknown preset {model.preset!r}{did_you_mean(model.preset, names)}; presets: {', '.join(names)}"
     return [("model.preset", why, "model.preset")]
@@ -161,9 +164,11 @@ def partial_cross_problems(raw: dict) -> list[tuple[str, str, str]]:
     if not isinstance(sources, list):
         return []
     names = [s["name"] for s in sources if isinstance(s, dict) and isinstance(s.get("name"), str)]
-    pre = (raw.get("stages") or {}).get("pretrain")
-    phases = [part(PhaseConfig, p) for p in pre.get("phases") or []] if isinstance(pre, dict) else []
-    phases = phases if phases and None not in phases and isinstance(pre.get("phases"), list) else None
+    stages = raw.get("stages")
+    pre = stages.get("pretrain") if isinstance(stages, dict) else None
+    listed = pre.get("phases") if isinstance(pre, dict) else None
+    phases = [part(PhaseConfig, p) for p in listed] if isinstance(listed, list) else []
+    phases = phases if phases and None not in phases else None
     return _source_problems(names, phases, part(TokenizerConfig, raw.get("tokenizer") or {}))
 
 

@@ -3,7 +3,8 @@
 A user fixes a recipe in an editor, not in a traceback, so every problem the loader, the
 cross-field checks and `--stages` find is reported as a YAML path (`a.b[1].c`), the file and
 line that defined it, and a "did you mean" for a near-miss name. This module holds those
-pieces and RecipeError; it imports nothing else of the recipe, so every recipe module can use it.
+pieces and RecipeError (the one bad-input type, data.errors.BadInput); it imports nothing else
+of the recipe, so every recipe module can use it.
 """
 
 from __future__ import annotations
@@ -13,14 +14,11 @@ import os
 import re
 import typing
 
+from data.errors import BadInput
 
-class RecipeError(ValueError):
-    """A recipe that cannot be used; str() is the whole message a user sees (no traceback needed)."""
-
-    def __init__(self, problems: str | list[str], title: str | None = None):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        lines = [title, *(f"  {p}" for p in self.problems)] if title else self.problems
-        super().__init__("\n".join(lines))
+RecipeError = BadInput
+"""A recipe that cannot be used: the project's one bad-input type (data.errors.BadInput), so
+the CLI maps a recipe problem, a bad source line and a broken checkpoint alike to exit 2."""
 
 
 def join_path(path: str, key: str | int) -> str:
@@ -51,7 +49,12 @@ def show_file(file: str) -> str:
 
 def locate(path: str, sources: dict[str, tuple[str, int]], default: str) -> tuple[str, int]:
     """(file, line) of the closest defined ancestor of a YAML path (line 0: no line)."""
-    tokens = parse_path(path) if path else []
+    if path in sources:
+        return sources[path]
+    try:
+        tokens = parse_path(path) if path else []
+    except ValueError:  # a key with `.` or `[` in it: only an exact match can locate it
+        return default, 0
     while tokens:
         at = ""
         for t in tokens:

@@ -114,6 +114,66 @@ def _model_at(path: tuple) -> type[BaseModel] | None:
     return models[0] if models else None
 
 
+# --------------------------------------------------------------------------- shape
+
+def _kind(value: Any) -> str:
+    """How a YAML value reads to its author: `a mapping`, `a list`, `a string 'x'`, ..."""
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return f"a boolean {value!r}"
+    if isinstance(value, (int, float)):
+        return f"a number {value!r}"
+    if isinstance(value, str):
+        return f"a string {value[:40]!r}"
+    return f"a {type(value).__name__}"
+
+
+def _shape_problems(value: Any, tp: Any, at: str) -> list[tuple[str, str, str]]:
+    """Where the schema wants a mapping or a list and the YAML has something else.
+
+    Runs before any code walks the merged YAML (source paths, phase lists, partial checks), so
+    that code sees a mapping where it expects one; pydantic then reports the rest.
+    """
+    types = _unwrap(tp)
+    if value is None or Any in types:
+        return []  # null: pydantic says whether the field may be empty
+    models = [t for t in types if isinstance(t, type) and issubclass(t, BaseModel)]
+    maps = [t for t in types if t is dict or typing.get_origin(t) is dict]
+    seqs = [t for t in types if t in (list, tuple) or typing.get_origin(t) in (list, tuple)]
+    only_containers = len(models) + len(maps) + len(seqs) == len(types)
+    out: list[tuple[str, str, str]] = []
+    if isinstance(value, dict) and (models or maps):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                continue  # pydantic names a bad key
+            try:
+                child = _child_type(models[0] if models else maps[0], k, at)
+            except _PathError:
+                continue  # an unknown key: pydantic names it with a did-you-mean
+            out += _shape_problems(v, child, join_path(at, k))
+        return out
+    if isinstance(value, list) and seqs:
+        for i, v in enumerate(value):
+            try:
+                child = _child_type(seqs[0], i, at)
+            except _PathError:
+                continue
+            out += _shape_problems(v, child, join_path(at, i))
+        return out
+    if not only_containers or not types:
+        return []  # a scalar may go here; pydantic checks which
+    want = " or ".join([w for w, ok in (("a mapping (key: value lines)", models or maps), ("a list", seqs)) if ok])
+    return [(at, f"must be {want}; got {_kind(value)}", at)]
+
+
+def _under(path: str, parents: set[str]) -> bool:
+    """Is a YAML path one of `parents` or below one of them?"""
+    return any(path == p or path.startswith(p + ".") or path.startswith(p + "[") for p in parents)
+
+
 # --------------------------------------------------------------------------- overrides
 
 def _apply_override(raw: dict, sources: dict, text: str) -> None:
@@ -238,14 +298,18 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Loade
     if not path.is_file():
         raise RecipeError([f"recipe file not found: {show_file(str(path))}"])
     raw, sources = load_tree(path, ())
-    _rebase_sources(raw, sources, path)
     lines = []  # bad overrides are reported with the validation problems of the rest
     for text in overrides:
         try:
             _apply_override(raw, sources, text)
         except ValueError as e:
             lines.append(str(e))
-    problems: list[tuple[str, str, str]] = []
+    # Shape first: a scalar where a mapping or list belongs is reported at its path, and no code
+    # below walks the YAML unless every mapping and list is where the schema puts one.
+    problems = _shape_problems(raw, Recipe, "")
+    shapeless = {p for p, _, _ in problems}
+    if not problems:
+        _rebase_sources(raw, sources, path)  # override paths (line 0) are never rebased
     workdir = raw.get("workdir")
     if isinstance(workdir, str):
         for var in re.findall(r"\$\{([^}]*)\}", workdir):
@@ -255,9 +319,10 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Loade
     try:
         recipe = Recipe.model_validate(raw, context={"problems": problems})
     except ValidationError as e:
-        problems += [_pydantic_problem(err) for err in e.errors(include_url=False)]
+        problems += [p for p in map(_pydantic_problem, e.errors(include_url=False)) if not _under(p[0], shapeless)]
         seen = {p for p, _, _ in problems}
-        problems += [p for p in partial_cross_problems(raw) if p[0] not in seen]
+        if not shapeless:
+            problems += [p for p in partial_cross_problems(raw) if p[0] not in seen]
     located = sorted(((locate(where, sources, str(path)), p, why) for p, why, where in problems),
                      key=lambda x: (x[0][1] == 0, x[0]))  # in file order, so they read top to bottom
     lines += [f"{p}: {why} ({cite_location(loc)})" for loc, p, why in located]

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from data.errors import decode_utf8
 from flows.recipe_errors import RecipeError, join_path, show_file
 
 
@@ -30,24 +31,45 @@ YamlLoader.add_implicit_resolver(
 
 def _read_yaml(path: Path) -> tuple[dict, dict[str, tuple[str, int]]]:
     """One YAML mapping and the line of every key / sequence item in it."""
-    loader = YamlLoader(path.read_text())
     try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise RecipeError([f"{show_file(str(path))}: cannot read the recipe: {e.strerror or e}"]) from None
+    text = decode_utf8(raw, show_file(str(path)))
+    loader = None
+    try:
+        loader = YamlLoader(text)  # rejects unprintable characters already
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else {}
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{show_file(str(path))}:{mark.line + 1}" if mark else show_file(str(path))
-        raise RecipeError([f"{where}: invalid YAML: {getattr(e, 'problem', None) or e}"]) from None
+        raise RecipeError([f"{_yaml_where(e, text, path)}: invalid YAML: {getattr(e, 'problem', None) or e}"]) from None
+    except RecursionError:
+        raise RecipeError([f"{show_file(str(path))}: invalid YAML: nested too deeply"]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         raise RecipeError([f"{show_file(str(path))}: a recipe must be a YAML mapping (key: value lines)"])
     lines: dict[str, tuple[str, int]] = {}
     dups: list[str] = []
-    _walk_lines(node, "", str(path), lines, dups)
+    try:
+        _walk_lines(node, "", str(path), lines, dups)
+    except RecursionError:  # an alias that contains itself (`a: &x [*x]`)
+        raise RecipeError([f"{show_file(str(path))}: invalid YAML: a value contains itself (recursive alias)"]) from None
     if dups:
         raise RecipeError(dups, f"invalid recipe {show_file(str(path))}:")
     return data, lines
+
+
+def _yaml_where(e: yaml.YAMLError, text: str, path: Path) -> str:
+    """`file:line` of a YAML error (a reader error knows a character position, others a mark)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    if mark is not None:
+        return f"{show_file(str(path))}:{mark.line + 1}"
+    position = getattr(e, "position", None)
+    if isinstance(position, int):
+        return f"{show_file(str(path))}:{text.count(chr(10), 0, position) + 1}"
+    return show_file(str(path))
 
 
 def _walk_lines(node, path: str, file: str, out: dict, dups: list[str]) -> None:
@@ -105,7 +127,10 @@ def load_tree(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict[str, tupl
     where = f"{show_file(str(path))}:{base_line[1]}"
     if not isinstance(base, str):
         raise RecipeError([f"base: must be a file name relative to this recipe ({where})"])
-    base_path = (path.parent / base).resolve()
+    try:
+        base_path = (path.parent / base).resolve()
+    except (OSError, ValueError) as e:  # a NUL byte, a symlink loop
+        raise RecipeError([f"base: not a usable file name: {e} ({where})"]) from None
     if not base_path.is_file():
         raise RecipeError([f"base: file not found: {show_file(str(base_path))} ({where})"])
     base_data, sources = load_tree(base_path, (*chain, path))
