@@ -62,6 +62,9 @@ class SourceConfig(_Config):
     """Estimated quality tier (informs blends; reported)."""
     max_epochs: float = Field(4.0, gt=0)
     """Never read this source more than this many times over the whole run."""
+    on_bad_line: Literal["error", "skip"] = "error"
+    """A line that is not UTF-8, not JSON, not an object, or lacks a string text_field: `error`
+    stops with the file and line (exit 2); `skip` drops it and counts it (data/sources.py)."""
 
     @model_validator(mode="after")
     def _infer_format(self) -> "SourceConfig":

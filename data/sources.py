@@ -2,23 +2,52 @@
 
 Everything downstream (tokenizer training, shards, digests) sees a source as an ordered
 stream of strings, so the order is fixed here: files of a directory in sorted relative-path
-order, rows in file order. Bad input stops with a `SourceError` that names the file, the
-line (or row) and the field, because "invalid JSON" without a place is useless at 2 GB.
+order, rows in file order. Bad input stops with a `SourceError` (the project's BadInput: exit
+2) that names the file, the line (or row) and the field, because "invalid JSON" without a place
+is useless at 2 GB. A source with `on_bad_line: skip` drops such lines instead and counts them
+in the `bad_lines` dict a caller passes (source name -> lines dropped), logging the first few.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from data.config import WORLD_PREFIX, SourceConfig
+from data.errors import BadInput
+
+log = logging.getLogger(__name__)
 
 SUFFIXES = {"jsonl": (".jsonl",), "parquet": (".parquet",), "txt": (".txt",)}
 
 
-class SourceError(ValueError):
+class SourceError(BadInput):
     """A source cannot be read; the message names the file and, where known, line and field."""
+
+
+OnBad = Callable[[str], None]
+"""What a reader does with a bad line's message: raise it (on_bad_line: error) or count it (skip)."""
+
+
+def _raise(message: str) -> None:
+    raise SourceError(message)
+
+
+def _on_bad(src: SourceConfig, bad_lines: dict[str, int] | None) -> OnBad:
+    """The bad-line policy of a source: raise, or count into bad_lines[src.name] and go on."""
+    if src.on_bad_line == "error":
+        return _raise
+
+    def skip(message: str) -> None:
+        n = (bad_lines.get(src.name, 0) if bad_lines is not None else 0) + 1
+        if bad_lines is not None:
+            bad_lines[src.name] = n
+        if n <= 3:
+            log.warning("source %r: skipped %s", src.name, message)
+
+    return skip
 
 
 def resolve_path(path: str, base_dir: Path, world_dir: Path | None) -> Path:
@@ -46,25 +75,43 @@ def source_files(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> l
     return files
 
 
-def iter_texts(src: SourceConfig, base_dir: Path, world_dir: Path | None = None) -> Iterator[str]:
-    """Every document of the source, in a fixed order; empty documents are skipped."""
+def iter_texts(src: SourceConfig, base_dir: Path, world_dir: Path | None = None,
+               bad_lines: dict[str, int] | None = None) -> Iterator[str]:
+    """Every document of the source, in a fixed order; empty documents are skipped.
+
+    Bad lines raise SourceError, or with `on_bad_line: skip` are counted in bad_lines[src.name].
+    """
     per_file = src.format == "txt" and resolve_path(src.path, base_dir, world_dir).is_dir()
+    on_bad = _on_bad(src, bad_lines)
     for path in source_files(src, base_dir, world_dir):
         if src.format == "jsonl":
-            yield from read_jsonl(path, src.text_field)
+            yield from read_jsonl(path, src.text_field, on_bad)
         elif src.format == "parquet":
             yield from read_parquet(path, src.text_field)
         else:
-            yield from read_txt(path, whole_file=per_file)
+            yield from read_txt(path, whole_file=per_file, on_bad=on_bad)
 
 
-def _check_text(value: object, where: str, field: str) -> str:
-    if not isinstance(value, str):
-        raise SourceError(f"{where}: field {field!r} must be a string, got {type(value).__name__}")
-    return value
+def _row_problem(line: str, field: str) -> tuple[str | None, str]:
+    """(text, "") for a good jsonl line, else (None, why); blank lines are ("", "")."""
+    if not line.strip():
+        return "", ""
+    try:
+        row = json.loads(line)
+    except ValueError as e:  # JSONDecodeError, and a number too long to convert
+        return None, f"malformed JSON ({getattr(e, 'msg', e)} at column {getattr(e, 'colno', '?')})"
+    except RecursionError:
+        return None, "malformed JSON (nested too deeply)"
+    if not isinstance(row, dict):
+        return None, f"expected a JSON object, got {type(row).__name__}"
+    if field not in row:
+        return None, f"missing text field {field!r} (fields: {sorted(row)[:10]})"
+    if not isinstance(row[field], str):
+        return None, f"field {field!r} must be a string, got {type(row[field]).__name__}"
+    return row[field], ""
 
 
-def read_jsonl(path: Path, field: str) -> Iterator[str]:
+def read_jsonl(path: Path, field: str, on_bad: OnBad = _raise) -> Iterator[str]:
     """Rows of a jsonl file; blank lines are allowed, anything else must be an object with `field`."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
@@ -72,19 +119,12 @@ def read_jsonl(path: Path, field: str) -> Iterator[str]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise SourceError(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-            if not line.strip():
+                on_bad(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start})")
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SourceError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise SourceError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            if field not in row:
-                raise SourceError(f"{where}: missing text field {field!r} (fields: {sorted(row)[:10]})")
-            text = _check_text(row[field], where, field)
-            if text.strip():
+            text, why = _row_problem(line, field)
+            if text is None:
+                on_bad(f"{where}: {why}")
+            elif text.strip():
                 yield text
 
 
@@ -102,19 +142,37 @@ def read_parquet(path: Path, field: str) -> Iterator[str]:
     kind = pf.schema_arrow.field(field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
         raise SourceError(f"{path}: field {field!r} must be a string column, got {kind}")
-    for batch in pf.iter_batches(columns=[field], batch_size=4096):
+    batches = pf.iter_batches(columns=[field], batch_size=4096)
+    row = 0
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as e:  # a truncated or corrupt row group
+            raise SourceError(f"{path}: unreadable after row {row} ({e})") from None
         for value in batch.column(0).to_pylist():
+            row += 1
             if value is not None and value.strip():
                 yield value
 
 
-def read_txt(path: Path, whole_file: bool) -> Iterator[str]:
-    """A whole file as one document, or one document per blank-line-separated block."""
+def read_txt(path: Path, whole_file: bool, on_bad: OnBad = _raise) -> Iterator[str]:
+    """A whole file as one document, or one document per blank-line-separated block.
+
+    A line that is not UTF-8 is a bad line: an error, or (skip) dropped and counted.
+    """
+    data = path.read_bytes()
     try:
-        content = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise SourceError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
+        content = data.decode("utf-8")
+    except UnicodeDecodeError:
+        kept = []
+        for lineno, raw in enumerate(data.split(b"\n"), start=1):
+            try:
+                kept.append(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                on_bad(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start} of the line)")
+        content = "\n".join(kept)
     if whole_file:
         if content.strip():
             yield content.strip("\n")
