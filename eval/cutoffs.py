@@ -13,23 +13,68 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
+from data.errors import BadInput, decode_utf8
 from eval.gates import GateConfig, GateRule, Histories, first_hold
 
 # Keys a whole `gate:` block has beyond the rule; a rule file may be a pasted gate block.
 _GATE_ONLY = set(GateConfig.model_fields) - set(GateRule.model_fields)
 
 
+def _key_lines(node: Any, at: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """1-based line of every mapping key / list item of a composed YAML node, by path tuple."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            out[(*at, k.value)] = k.start_mark.line + 1
+            _key_lines(v, (*at, k.value), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out[(*at, i)] = v.start_mark.line + 1
+            _key_lines(v, (*at, i), out)
+    return out
+
+
 def load_rule(path: str | Path) -> GateRule:
     """A GateRule from YAML (all/any/guards/min_tokens/patience...); gate-only keys are ignored.
 
-    ValueError (pydantic's, naming the field) on a bad rule; OSError when unreadable.
+    Raises BadInput (exit 2) naming the file, the line and the field of any problem: not
+    readable, not UTF-8, not YAML, not a mapping, or a field pydantic refuses.
     """
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read the rule file: {e.strerror or e}") from None
+    text = decode_utf8(raw, str(path))
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text) if node is not None else {}
+        lines = _key_lines(node)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise BadInput(f"{where}: invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    except RecursionError:
+        raise BadInput(f"{path}: invalid YAML: nested too deeply") from None
+    data = {} if data is None else data
+    prefix: tuple = ()
+    if isinstance(data, dict) and set(data) == {"gate"}:
+        data, prefix = data["gate"], ("gate",)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a rule file holds a mapping (all/any/guards/...), got {type(data).__name__}")
-    data = data.get("gate", data) if set(data) == {"gate"} else data
-    return GateRule.model_validate({k: v for k, v in data.items() if k not in _GATE_ONLY})
+        raise BadInput(f"{path}: a rule file holds a mapping (all/any/guards/...), got {type(data).__name__}")
+    try:
+        return GateRule.model_validate({k: v for k, v in data.items() if k not in _GATE_ONLY})
+    except ValidationError as e:
+        problems = []
+        for err in e.errors(include_url=False):
+            loc = (*prefix, *err["loc"])
+            while loc and loc not in lines:
+                loc = loc[:-1]
+            field = ".".join(str(t) for t in (*prefix, *err["loc"])) or "(rule)"
+            problems.append(f"{field}: {err['msg']} ({path}:{lines.get(loc, 1)})")
+        raise BadInput(problems, f"invalid rule file {path}:") from None
 
 
 @dataclass(frozen=True)

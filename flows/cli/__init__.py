@@ -4,8 +4,9 @@
     stagewise run recipes/tiny.yaml --set stages.pretrain.tokens=491520
     stagewise recipe show recipes/nemotron-3-nano-4b.yaml
 
-Exit codes: 0 success, 2 bad input (a recipe error, a missing file, a bad option: one clear
-message, no traceback), 1 a failure while running (the error; the traceback only with
+Exit codes: 0 success, 2 bad input (a recipe error, a bad source line, a broken checkpoint or
+rule file, a bad option: one clear message naming the field, file and line, no traceback; the
+one type for it is data.errors.BadInput, which flows.recipe.RecipeError is), 1 a failure while running (the error; the traceback only with
 `--debug` or STAGEWISE_DEBUG=1). torch, transformers, prefect and mlflow are imported
 inside the commands that need them, so `stagewise --help` stays fast.
 
@@ -17,12 +18,16 @@ error reporting, options.py the shared arguments. The order below is the order `
 
 from __future__ import annotations
 
+import sys
+from typing import Sequence
+
 import typer
 
 from flows.cli import data, evaluate, inspect, merge, recipe, run
 from flows.cli.options import DebugOpt
-from flows.cli.output import DEBUG, BadInput
+from flows.cli.output import DEBUG
 from flows.cli.run import shipped_recipe
+from flows.recipe_errors import BadInput
 
 __all__ = ["app", "main", "BadInput", "shipped_recipe"]
 
@@ -52,6 +57,15 @@ def _main(debug: bool = DebugOpt) -> None:
     DEBUG["on"] = debug
 
 
-def main() -> None:
-    """Console-script entry point (`stagewise = flows.cli:main`)."""
-    app()
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point (`stagewise = flows.cli:main`); `argv` for calling it in-process.
+
+    The CLI edge for bad input: each command's wrapper (flows/cli/output.py `guarded`) reports
+    BadInput as exit 2, and whatever BadInput escapes outside a command (a callback, option
+    parsing) is reported here the same way, message only, never a traceback.
+    """
+    try:
+        app(args=list(argv) if argv is not None else None, prog_name="stagewise")
+    except BadInput as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)

@@ -16,7 +16,8 @@ from typing import Optional
 import typer
 
 from flows.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt, load
-from flows.cli.output import BadInput, emit, guarded
+from flows.cli.output import emit, guarded
+from flows.recipe_errors import BadInput
 
 data_app = typer.Typer(help="Data commands: prepare a recipe's tokenizer and token shards; curate and pack SFT conversations.", no_args_is_help=True)
 
@@ -61,8 +62,10 @@ def _curate_config(path: Optional[Path]):
         raise BadInput(f"config file not found: {path}")
     import yaml
 
+    from data.errors import decode_utf8
+
     try:
-        return CurateConfig.model_validate(yaml.safe_load(path.read_text()) or {})
+        return CurateConfig.model_validate(yaml.safe_load(decode_utf8(path.read_bytes(), str(path))) or {})
     except (ValidationError, yaml.YAMLError) as e:
         raise BadInput(f"{path}: {e}") from e
 
@@ -84,7 +87,7 @@ def data_curate(
 
     \b
     Example:
-      stagewise data curate runs/tiny/world/sft_dirty.jsonl --out runs/tiny/curated --json
+      stagewise data curate runs/tiny/sft_world/*/sft_arithmetic.jsonl --out runs/tiny/curated --json
     """
     from data.curate import CurationError, curate
 
@@ -146,12 +149,13 @@ def data_pack(
 
     \b
     Example:
-      stagewise data pack runs/tiny/curated/sft_arithmetic.jsonl --tokenizer runs/tiny/data/<hash>/tokenizer --pack-size 1024 --json
+      stagewise data pack runs/tiny/curated/sft_arithmetic.jsonl --tokenizer runs/tiny/stages/pretrain-*/step-00000360 --pack-size 1024 --json
     """
     if not source.is_file():
         raise BadInput(f"not found: {source}")
-    if not (tokenizer.is_dir() and any(tokenizer.glob("tokenizer*.json"))):
-        raise BadInput(f"{tokenizer} is not a tokenizer directory")
+    from model.checkpoint_check import check_tokenizer
+
+    check_tokenizer(tokenizer)
     from data.chat import install_chat_template
     from data.sft_config import PackingConfig
     from data.sft_data import pack_conversations, save_packed

@@ -15,7 +15,8 @@ from typing import Optional
 import typer
 
 from flows.cli.options import DebugOpt, JsonOpt, SetOpt, load
-from flows.cli.output import BadInput, emit, guarded
+from flows.cli.output import emit, guarded
+from flows.recipe_errors import BadInput
 
 def _eval_tasks(suite: Optional[str], recipe: Optional[Path], tasks: Optional[str], overrides: list[str]) -> list[str]:
     """The task list from --tasks, or from --suite in the recipe's eval block."""
@@ -56,12 +57,13 @@ def eval_cmd(
 
     \b
     Example:
-      stagewise eval runs/tiny/pretrain/final --suite quick --recipe recipes/tiny.yaml --limit 20
-      stagewise eval runs/tiny/pretrain/final --tasks world --json
+      stagewise eval runs/tiny/stages/pretrain-*/step-00000360 --suite chat --recipe recipes/tiny.yaml --limit 20
+      stagewise eval runs/tiny/stages/pretrain-*/step-00000360 --tasks world --json
     """
     names = _eval_tasks(suite, recipe, tasks, overrides)
-    if not (checkpoint.is_dir() and (checkpoint / "config.json").is_file()):
-        raise BadInput(f"{checkpoint} is not a checkpoint directory (no config.json)")
+    from model.checkpoint_check import check_checkpoint
+
+    check_checkpoint(checkpoint, tokenizer=True)
     from eval.harness import UnknownTaskError, run_checkpoint, task_manager
 
     try:
@@ -155,18 +157,14 @@ def cutoffs_cmd(
     Example:
       stagewise cutoffs --experiment tiny --stage pretrain --rule rule.yaml \
         --tracking-uri sqlite:///runs/tiny/mlflow.db --plot cutoffs.png
+    with rule.yaml holding e.g.  all: [{metric: eval/validation/loss, op: "<", value: 3.5}]
     """
-    from pydantic import ValidationError
-
     from eval.cutoffs import load_rule
     from tasks.tracking import Tracker
 
     if not rule.is_file():
         raise BadInput(f"rule file not found: {rule}")
-    try:
-        parsed = load_rule(rule)
-    except (ValidationError, ValueError) as e:
-        raise BadInput(f"{rule}: {e}") from e
+    parsed = load_rule(rule)  # names the file, line and field of a bad rule (exit 2)
     tracker = Tracker(_tracking_uri(tracking_uri), experiment)
     try:
         runs = tracker.find_stage_runs(experiment, stage)

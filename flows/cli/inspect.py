@@ -13,7 +13,8 @@ from typing import Optional
 import typer
 
 from flows.cli.options import DebugOpt, JsonOpt, SetOpt, load
-from flows.cli.output import BadInput, emit, guarded
+from flows.cli.output import emit, guarded
+from flows.recipe_errors import BadInput
 
 def _inspect_target(target: Optional[Path], preset: Optional[str], overrides: list[str]):
     """(ModelConfig, vocab_size, seq_length, micro_batch, precision) for a recipe, checkpoint or preset."""
@@ -29,8 +30,9 @@ def _inspect_target(target: Optional[Path], preset: Optional[str], overrides: li
     if target is None:
         raise BadInput("give a recipe (.yaml), a checkpoint directory, --preset NAME or --presets")
     if target.is_dir():
-        if not (target / "config.json").is_file():
-            raise BadInput(f"{target} is not a checkpoint (no config.json)")
+        from model.checkpoint_check import check_checkpoint, has_weights
+
+        check_checkpoint(target, weights=has_weights(target))
         return ModelConfig.model_validate({"preset": None, "from": str(target)}), None, 4096, 1, "bf16"
     if target.suffix in (".yaml", ".yml") or target.is_file():
         r = load(target, overrides).recipe
@@ -60,6 +62,8 @@ def inspect_cmd(
     \b
     Example:
       stagewise inspect recipes/nemotron-3-nano-4b.yaml --seq-length 8192 --micro-batch 1
+      stagewise inspect --preset nemotron-3-nano-30b-a3b --json
+      stagewise inspect runs/tiny/stages/pretrain-*/step-00000360
     """
     if presets:
         from model.presets import preset_names

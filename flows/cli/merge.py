@@ -13,7 +13,8 @@ from pathlib import Path
 import typer
 
 from flows.cli.options import DebugOpt, JsonOpt
-from flows.cli.output import BadInput, emit, guarded
+from flows.cli.output import emit, guarded
+from flows.recipe_errors import BadInput
 
 @guarded
 def merge_cmd(
@@ -32,13 +33,14 @@ def merge_cmd(
 
     \b
     Example:
-      stagewise merge runs/tiny/pretrain/step-0000{40,50,60} --schedule minus-sqrt --out runs/tiny/merged
+      stagewise merge runs/tiny/stages/pretrain-*/step-00000{300,330,360} --schedule minus-sqrt --out runs/tiny/merged
     """
     from model.merge import MANIFEST, MergeInputError, merge_checkpoints, merge_coefficients, order_by_tokens
 
-    missing = [str(p) for p in checkpoints if not (p / "config.json").is_file()]
-    if missing:
-        raise BadInput(f"not a checkpoint directory (no config.json): {', '.join(missing)}")
+    from model.checkpoint_check import check_checkpoint
+
+    for p in checkpoints:
+        check_checkpoint(p, nemotron=False)  # any safetensors model merges; its files must be whole
     try:
         paths = order_by_tokens(checkpoints)
         coeffs = merge_coefficients(len(paths), schedule, ordering, seed)

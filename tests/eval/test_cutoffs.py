@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
 
+from data.errors import BadInput
 from eval.cutoffs import Cutoff, guard_moves, load_rule, run_cutoff
 from eval.gates import GateRule, UnknownMetricError
 
@@ -34,7 +34,19 @@ def test_load_rule_accepts_a_pasted_gate_block(tmp_path):
 def test_load_rule_refuses_unknown_keys(tmp_path):
     path = tmp_path / "rule.yaml"
     path.write_text(f"al:\n  - {{metric: {ACC}, op: '>=', value: 0.3}}\n")
-    with pytest.raises(ValidationError, match="al"):
+    with pytest.raises(BadInput, match=r"al: .*rule.yaml:1\)"):
+        load_rule(path)
+
+
+@pytest.mark.parametrize("content,why", [(b"all: [\n", r"rule.yaml:2: invalid YAML"),
+                                         (b"all: []\nguards: \xff\n", r"rule.yaml:2: not UTF-8"),
+                                         (b"- 1\n- 2\n", "holds a mapping"),
+                                         (b"gate: 7\n", "holds a mapping"),
+                                         (b"all:\n  - {metric: m, op: '>', value: x}\n", r"all.0.value: .*rule.yaml:2\)")])
+def test_load_rule_names_file_and_line_of_a_bad_rule(tmp_path, content, why):
+    path = tmp_path / "rule.yaml"
+    path.write_bytes(content)
+    with pytest.raises(BadInput, match=why):
         load_rule(path)
 
 

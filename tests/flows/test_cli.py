@@ -223,7 +223,7 @@ def test_inspect_presets_and_a_recipe():
 def test_inspect_bad_targets_exit_2(tmp_path):
     assert invoke("inspect", "--preset", "nope").exit_code == 2
     result = invoke("inspect", str(tmp_path))
-    assert result.exit_code == 2 and "not a checkpoint (no config.json)" in result.output
+    assert result.exit_code == 2 and "not a checkpoint directory (no config.json)" in result.output
     assert invoke("inspect").exit_code == 2
 
 
