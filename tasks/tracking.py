@@ -2,28 +2,74 @@
 
 Everything goes through an `MlflowClient` with explicit run ids (never the fluent
 "active run" globals), so Prefect tasks on any thread log to the right run. Metrics are
-always sent with `log_batch`, chunked under MLflow's 1,000-metric limit (STACK-NOTES:
-1,000 single calls take 5.7 s, one batch 0.3 s).
+always sent with `log_batch`, chunked under MLflow's 1,000-metric limit (with MLflow 3.17 on
+SQLite, 1,000 single `log_metric` calls take 5.7 s and one `log_batch` of them 0.3 s).
 
-Layout (DESIGN.md): experiment = recipe name; one parent run per pipeline run tagged with
-the Prefect flow-run id; one nested run per stage tagged `stagewise.stage`.
+Layout (DESIGN.md): experiment = recipe name, tagged `mlflow.experimentKind` =
+`custom_model_development` so the MLflow UI opens it in its model-training view (an untagged
+experiment may be shown as a GenAI one); one parent run per pipeline run tagged with the
+Prefect flow-run id; one nested run per stage tagged `stagewise.stage`.
+
+An MLflow server that stops answering for a while (a restart, a network blip) neither fails
+nor loses a stage:
+- Metric batches that cannot be sent are kept, in order, in a spool file per run,
+  `<artifact_root>/../.mlflow-spool/<run_id>.jsonl` (the workdir's `.mlflow-spool/`; in
+  memory when the tracker has no artifact root), and training goes on. They are sent before
+  anything else is sent to or read from that run: by the next `log_metrics` (at most every
+  few seconds while the server is away), by any read (a gate never decides on a partial
+  history), and when `Tracker.run` ends the run. A spool left by a killed process is sent
+  when its run is next touched, or when any new run starts. A batch sent twice is stored
+  once: MLflow's SQL store drops a metric equal to one it has (key, value, step, timestamp),
+  and a spooled metric keeps its original timestamp.
+- Every other call retries transient errors (connection refused or reset, timeouts, HTTP
+  5xx/429: `tasks.retry.is_transient`) with exponential backoff for up to `retry_seconds`,
+  and never retries a deterministic one (e.g. RESOURCE_DOES_NOT_EXIST). MLflow's own HTTP
+  retries default to 0 here (`MLFLOW_HTTP_REQUEST_MAX_RETRIES`; a value you set wins): its
+  default of 7 retries with backoff factor 2 blocks one call for about four minutes before
+  failing, and stalls training for 30 s when a server is down for 10 s.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import logging
+import os
+import re
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
+
+from tasks.retry import call_with_backoff, is_transient
 
 STAGE_TAG = "stagewise.stage"
 RECIPE_TAG = "stagewise.recipe"
 FLOW_RUN_TAG = "prefect.flow_run_id"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+"""The MLflow UI's "machine learning" (model training) workflow; `genai_development` is the other."""
+SPOOL_DIR = ".mlflow-spool"
 _BATCH = 900
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+_LOCK = threading.RLock()
+"""Serialises sending and spooling metrics in this process (Prefect tasks run on threads)."""
+_MEMORY: dict[tuple[str, str], list[list[tuple[str, float, int, int]]]] = {}
+"""Pending batches of trackers without an artifact root: (uri, run_id) -> batches, oldest first."""
+_DEFER: dict[tuple[str, str], tuple[float, float]] = {}
+"""(uri, run_id) -> (monotonic time before which log_metrics only spools, last delay)."""
+log = logging.getLogger("stagewise.tracking")
+
+Point = tuple[str, float, int, int]
+"""One metric point as spooled: (key, value, timestamp ms, step)."""
+
+
+def _mlflow_http_defaults() -> None:
+    """Leave retrying to this module (see the module docstring); an explicit setting wins."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 
 
 def default_tracking_uri(workdir: Path) -> str:
@@ -38,23 +84,48 @@ class Tracker:
     uri: str
     experiment: str
     artifact_root: str | None = None
+    retry_seconds: float = 120.0
+    """How long a call keeps retrying while the server is unreachable (backoff 0.5 s to 8 s)."""
 
-    def client(self):
+    def client(self) -> _Client:
+        """An MlflowClient whose calls retry transient errors and first send the run's pending metrics."""
+        return _Client(self, self._raw_client())
+
+    def _raw_client(self):
+        _mlflow_http_defaults()
         from mlflow import MlflowClient
 
         return MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
 
+    def _retrying(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def warn(exc: BaseException, delay: float) -> None:
+            log.warning("MLflow at %s: %s; retrying in %.1f s", self.uri, _short(exc), delay)
+
+        return call_with_backoff(lambda: fn(*args, **kwargs), self.retry_seconds, on_retry=warn)
+
     def experiment_id(self) -> str:
-        """Create the experiment on first use (artifacts next to the store, not in ./mlruns)."""
+        """Create the experiment on first use (artifacts next to the store, not in ./mlruns),
+        tagged for the UI's model-training view (older experiments get the tag too)."""
+        from mlflow.exceptions import MlflowException
+
         client = self.client()
         exp = client.get_experiment_by_name(self.experiment)
-        if exp is not None:
-            return exp.experiment_id
-        location = Path(self.artifact_root).resolve().as_uri() if self.artifact_root else None
-        return client.create_experiment(self.experiment, artifact_location=location)
+        if exp is None:
+            location = Path(self.artifact_root).resolve().as_uri() if self.artifact_root else None
+            try:
+                return client.create_experiment(self.experiment, artifact_location=location,
+                                                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+            except MlflowException as err:  # created meanwhile (another process, or a retried request)
+                if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                exp = client.get_experiment_by_name(self.experiment)
+        if EXPERIMENT_KIND_TAG not in exp.tags:
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        return exp.experiment_id
 
     def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
         """Open a run (nested under `parent_run_id` when given) and return its id."""
+        self._send_leftovers()
         tags = dict(tags)
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
@@ -62,32 +133,185 @@ class Tracker:
         return run.info.run_id
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        """Send the run's pending metrics, then mark it ended."""
         self.client().set_terminated(run_id, status=status)
 
     @contextmanager
     def run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> Iterator[str]:
         """`with tracker.run(...) as run_id:` the run ends FINISHED when the block completes (or
-        returns) and FAILED when it raises, Ctrl-C included, so no crashed stage stays RUNNING."""
+        returns) and FAILED when it raises, Ctrl-C included, so no crashed stage stays RUNNING.
+        Pending metrics are sent first; on the FAILED path one attempt is made and an
+        unreachable server leaves them in the spool, so the original error is what propagates."""
         run_id = self.start_run(name, tags, parent_run_id)
         try:
             yield run_id
         except BaseException:
-            self.end_run(run_id, "FAILED")
+            try:
+                if self.flush(run_id, wait=False):
+                    self._raw_client().set_terminated(run_id, status="FAILED")
+            except Exception as err:  # noqa: BLE001 - never hide the error that ended the block
+                log.warning("MLflow: could not mark run %s FAILED: %s", run_id, _short(err))
             raise
         self.end_run(run_id)
 
+    # ------------------------------------------------------------------ metrics and the spool
+
     def log_metrics(self, run_id: str, records: Iterable[tuple[int, int, dict[str, float]]]) -> None:
-        """Log (step, tokens_seen, metrics) records in batches; `tokens_seen` is logged too."""
+        """Log (step, tokens_seen, metrics) records in batches; `tokens_seen` is logged too.
+
+        Never fails because the server is unreachable: what cannot be sent is kept in order
+        and sent first next time (see the module docstring). A deterministic error (e.g. the
+        run does not exist) raises."""
+        now = int(time.time() * 1000)
+        points: list[Point] = []
+        for step, tokens, metrics in records:
+            points.append(("tokens_seen", float(tokens), now, int(step)))
+            points.extend((k, float(v), now, int(step)) for k, v in metrics.items())
+        if not points:
+            return
+        with _LOCK:
+            if self._pending(run_id):
+                self._spool(run_id, points)  # behind the older ones, never ahead of them
+                if not self._deferred(run_id):
+                    self.flush(run_id, wait=False)
+                return
+            if self._deferred(run_id):
+                self._spool(run_id, points)
+                return
+            self._send(run_id, points, wait=False)
+
+    def flush(self, run_id: str, wait: bool = True) -> bool:
+        """Send the run's pending metrics, oldest first. True when none is left; with `wait`,
+        retries transient errors for up to `retry_seconds` and then raises the last one;
+        without, one attempt (False when the server is still away)."""
+        with _LOCK:
+            pending = self._pending(run_id)
+            if not pending:
+                return True
+            points = [p for batch in pending for p in batch]
+            sent = self._send(run_id, points, wait=wait, spooled=True)
+            if sent:
+                log.warning("MLflow at %s answers again: sent %d kept metric points of run %s",
+                            self.uri, len(points), run_id)
+            return sent
+
+    def _send(self, run_id: str, points: list[Point], wait: bool, spooled: bool = False) -> bool:
+        """log_batch `points` in chunks (call under _LOCK). `spooled`: they are the run's whole
+        spool, which is cut down after each chunk sent (a crash resends at most one chunk);
+        otherwise nothing is pending and what is not sent gets spooled. A transient failure
+        keeps the rest and returns False (raises when `wait`); a deterministic one sets the
+        chunk aside in `<run_id>.rejected.jsonl`, keeps the rest and raises."""
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        batch: list[Any] = []
-        for step, tokens, metrics in records:
-            batch.append(Metric("tokens_seen", float(tokens), now, int(step)))
-            batch.extend(Metric(k, float(v), now, int(step)) for k, v in metrics.items())
-        client = self.client()
-        for i in range(0, len(batch), _BATCH):
-            client.log_batch(run_id, metrics=batch[i : i + _BATCH])
+        raw = self._raw_client()
+        key = (self.uri, run_id)
+        for i in range(0, len(points), _BATCH):
+            chunk = points[i:i + _BATCH]
+            metrics = [Metric(k, v, ts, step) for k, v, ts, step in chunk]
+            try:
+                if wait:
+                    self._retrying(raw.log_batch, run_id, metrics=metrics)
+                else:
+                    raw.log_batch(run_id, metrics=metrics)
+            except Exception as err:
+                transient = is_transient(err)
+                if not transient:
+                    self._reject(run_id, chunk)
+                rest = points[i:] if transient else points[i + _BATCH:]
+                if spooled:
+                    self._rewrite(run_id, rest)
+                else:
+                    self._spool(run_id, rest)
+                if not transient:
+                    raise
+                _, last = _DEFER.get(key, (0.0, 0.0))
+                delay = min(max(2 * last, 1.0), 30.0)
+                _DEFER[key] = (time.monotonic() + delay, delay)
+                if not last:
+                    log.warning("MLflow at %s unreachable (%s): keeping metrics of run %s in %s until it answers",
+                                self.uri, _short(err), run_id, self._spool_path(run_id) or "memory")
+                if wait:
+                    raise
+                return False
+            if spooled:
+                self._rewrite(run_id, points[i + _BATCH:])
+        _DEFER.pop(key, None)
+        return True
+
+    def _deferred(self, run_id: str) -> bool:
+        until, _ = _DEFER.get((self.uri, run_id), (0.0, 0.0))
+        return time.monotonic() < until
+
+    def _spool_path(self, run_id: str) -> Path | None:
+        if not self.artifact_root:
+            return None
+        return Path(self.artifact_root).resolve().parent / SPOOL_DIR / f"{run_id}.jsonl"
+
+    def _pending(self, run_id: str) -> list[list[Point]]:
+        """The run's unsent batches, oldest first: the spool file is the truth when there is one."""
+        path = self._spool_path(run_id)
+        if path is None:
+            return _MEMORY.get((self.uri, run_id), [])
+        if not path.exists():
+            return []
+        lines = path.read_text().splitlines()
+        return [[tuple(p) for p in json.loads(line)] for line in lines if line.strip()]
+
+    def _spool(self, run_id: str, points: list[Point]) -> None:
+        """Append `points` to the run's pending metrics (one line per chunk, flushed to disk)."""
+        if not points:
+            return
+        path = self._spool_path(run_id)
+        if path is None:
+            _MEMORY.setdefault((self.uri, run_id), []).extend(
+                [points[i:i + _BATCH] for i in range(0, len(points), _BATCH)])
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            for i in range(0, len(points), _BATCH):
+                f.write(json.dumps([list(p) for p in points[i:i + _BATCH]]) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _rewrite(self, run_id: str, points: list[Point]) -> None:
+        """Make `points` the run's whole pending list (the spool file replaced atomically)."""
+        path = self._spool_path(run_id)
+        if path is None:
+            _MEMORY.pop((self.uri, run_id), None)
+            self._spool(run_id, points)
+            return
+        if not points:
+            path.unlink(missing_ok=True)
+            return
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w") as f:
+            for i in range(0, len(points), _BATCH):
+                f.write(json.dumps([list(p) for p in points[i:i + _BATCH]]) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _reject(self, run_id: str, points: list[Point]) -> None:
+        path = self._spool_path(run_id)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.with_suffix(".rejected.jsonl").open("a") as f:
+                f.write(json.dumps([list(p) for p in points]) + "\n")
+        log.error("MLflow refused %d metric points of run %s%s", len(points), run_id,
+                  f" (kept in {path.with_suffix('.rejected.jsonl')})" if path else "")
+
+    def _send_leftovers(self) -> None:
+        """One attempt to send the spools that earlier (killed) processes left in this workdir."""
+        path = self._spool_path("x")
+        if path is None or not path.parent.is_dir():
+            return
+        for spool in sorted(path.parent.glob("*.jsonl")):
+            run_id = spool.name.removesuffix(".jsonl")
+            if _RUN_ID.match(run_id) and not self._deferred(run_id):
+                try:
+                    self.flush(run_id, wait=False)
+                except Exception as err:  # noqa: BLE001 - someone else's leftovers never stop a new run
+                    log.warning("MLflow: could not send the kept metrics of run %s: %s", run_id, _short(err))
 
     def log_params(self, run_id: str, params: dict[str, str]) -> None:
         from mlflow.entities import Param
@@ -122,8 +346,10 @@ class Tracker:
 
         try:
             client.create_registered_model(model_name)
-        except MlflowException:
-            pass  # already registered: versions accumulate under one name
+        except MlflowException as err:
+            if is_transient(err):
+                raise
+            # already registered: versions accumulate under one name
         version = client.create_model_version(
             model_name, source=str(Path(checkpoint).resolve()), run_id=run_id, tags={STAGE_TAG: alias}
         )
@@ -223,6 +449,33 @@ class StageRun:
     start_time: int
     """Milliseconds since the epoch."""
     tags: dict[str, str]
+
+
+class _Client:
+    """An MlflowClient seen through a Tracker: a call naming a run first sends that run's
+    pending metrics (so reads see every point and writes keep their order), and every call
+    retries transient errors for up to `retry_seconds`."""
+
+    def __init__(self, tracker: Tracker, raw: Any):
+        self._tracker, self._raw = tracker, raw
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._raw, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            run_id = kwargs.get("run_id", args[0] if args else None)
+            if isinstance(run_id, str) and _RUN_ID.match(run_id):
+                self._tracker.flush(run_id)
+            return self._tracker._retrying(attr, *args, **kwargs)
+
+        return call
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def _last_per_step(history: Iterable[Any]) -> list[tuple[int, float]]:
