@@ -7,8 +7,8 @@ preset name). Each JSON holds the NemotronHConfig kwargs under `config` and, und
 
 A preset is plain NemotronHConfig kwargs. `vocab_size: None` means "take the tokenizer's
 vocabulary" (build.py fills it in). Every preset sets `max_position_embeddings` and
-`n_routed_experts` explicitly because NemotronHConfig's defaults (4096, 8) silently win
-otherwise (STACK-NOTES.md).
+`n_routed_experts` explicitly: a preset that leaves them out gets NemotronHConfig's defaults
+(4096 and 8) without any error (docs/STACK.md, transformers).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Prefect tasks: thin units that call the libraries and log to MLflow.
 
 Importing this package sets Prefect defaults that this project needs on small machines
-(STACK-NOTES.md): the ephemeral API server can take 12-22 s to start on 2 cores, close to
-Prefect's 20 s default timeout, and its analytics cause "database is locked" noise. A
-user's own environment variables always win.
+(measured in docs/STACK.md, Prefect): the ephemeral API server can take 12-22 s to start on
+2 cores, close to Prefect's 20 s default timeout, and its analytics cause "database is
+locked" noise. A user's own environment variables always win.
 """
 
 import os
