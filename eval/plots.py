@@ -130,3 +130,34 @@ def merge_curves(histories: dict[str, list[tuple[int, int, float]]]):
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def stage_summary_plot(rows: list[dict]):
+    """The closing table as a picture: one panel per stage, its target metric before and after.
+
+    A panel's "after" bar is green when the stage moved its metric the right way, red when it
+    moved it the wrong way; the title gives the stage, tokens and wall time. `rows` are the
+    dicts of `stagewise run --json` (stage, metric, before, after, higher_is_better, tokens, seconds)."""
+    shown = [r for r in rows if r.get("after") is not None]
+    fig, axes = plt.subplots(1, max(len(shown), 1), figsize=(3.2 * max(len(shown), 1), 3.4), dpi=110, squeeze=False)
+    for ax, row in zip(axes[0], shown):
+        before, after = row.get("before"), row["after"]
+        better = before is None or (after >= before if row.get("higher_is_better") else after <= before)
+        labels, values, colors = ["after"], [after], ["tab:green" if better else "tab:red"]
+        if before is not None:
+            labels, values, colors = ["before"] + labels, [before] + values, ["tab:grey"] + colors
+        bars = ax.bar(labels, values, color=colors, width=0.6)
+        for bar, v in zip(bars, values):
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{v:.3g}", ha="center", va="bottom", fontsize=8)
+        seconds = row.get("seconds")
+        ax.set_title(f"{row['stage']}\n{row.get('tokens') or 0:,} tokens, {seconds or 0:.0f} s", fontsize=9)
+        arrow = "higher is better" if row.get("higher_is_better") else "lower is better"
+        ax.set_ylabel(f"{row['metric']}\n({arrow})", fontsize=7)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    if not shown:
+        axes[0][0].text(0.5, 0.5, "no stage reported a metric", ha="center", va="center")
+        axes[0][0].set_axis_off()
+    fig.suptitle("what each stage bought", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -9,21 +9,38 @@ long-context gains next to any short-context regression.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
+from pydantic import BaseModel
 from prefect import flow, get_run_logger
 
+from flows.recipe import Recipe
+from flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result, stage_run
 from flows.stage_loop import run_stretches
 from flows.stage_schemas import LongContextStage
-from model.config import ModelConfig
+from model.config import ModelConfig, MTPConfig
 from tasks.long_context import doc_qa_task, needle_task
-from tasks.refs import CheckpointRef, StageResult
-from tasks.tracking import STAGE_TAG, Tracker
+from tasks.refs import CheckpointRef, StageResult, StageSummary
+from tasks.steps import step_dir, value_of
 from tasks.train import LongContextData, TrainSpec
 
 STAGE = "long_context"
+
+
+class LongContextInputs(BaseModel):
+    """What long-context training reads from the recipe: its block, the last pretraining phase's
+    blend (downscaled into the mix) and the model's MTP heads."""
+
+    stage: LongContextStage
+    phase2_blend: dict[str, float]
+    mtp: MTPConfig = MTPConfig()
+
+
+def select(recipe: Recipe) -> LongContextInputs | None:
+    if recipe.stages.long_context is None:
+        return None
+    blend = recipe.stages.pretrain.phases[-1].blend if recipe.stages.pretrain else {}
+    return LongContextInputs(stage=recipe.stages.long_context, phase2_blend=blend, mtp=recipe.model.mtp)
 
 
 def _shards(data_root: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -35,39 +52,40 @@ def _shards(data_root: str) -> tuple[dict[str, str], dict[str, str]]:
             {n: str(s.val) for n, s in prepared.sources.items() if s.val_tokens > 0})
 
 
+def long_context_spec(block: LongContextInputs, train, blend: dict, seed: int) -> dict:
+    """What determines the stage's weights (hashed with the base checkpoint and the pretraining data)."""
+    return {"stage": block.stage, "train": train, "blend": blend, "mtp": block.mtp, "seed": seed}
+
+
 @flow(name="long_context", log_prints=True)
-def long_context_flow(
-    stage: LongContextStage,
-    base: StageResult,
-    phase2_blend: dict[str, float],
-    model: ModelConfig,
-    workdir: str,
-    seed: int,
-    recipe_hash: str,
-    tracker: Tracker,
-    parent_run_id: str | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> StageResult:
-    """Continue pretraining `base.checkpoint` on long sequences; returns the long-context checkpoint."""
+def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Upstream) -> StageResult:
+    """Continue pretraining the checkpoint handed on (merge's or pretraining's) on long sequences."""
     from data.long_context import DOC_QA, long_context_blend
 
     logger = get_run_logger()
-    if not base.data_root:
+    stage, tracker, seed = block.stage, ctx.tracker, ctx.seed
+    base = upstream.last()
+    if base is None or not base.data_root:
         raise ValueError("the long_context stage needs the pretraining data of the same run (run pretrain first)")
-    with tracker.run(STAGE, {STAGE_TAG: STAGE}, parent_run_id) as run_id:
-        doc_qa = doc_qa_task(base.checkpoint, stage.data.doc_qa, seed, workdir)
+    with stage_run(ctx, STAGE) as run_id:
+        blend = long_context_blend(stage.data, block.phase2_blend)
+        train_cfg = stage.train_config()
+        train_cfg = train_cfg.model_copy(update={"precision": ctx.runtime.precision_for(train_cfg.precision)})
+        out_dir = step_dir(ctx.stages_root, STAGE, long_context_spec(block, train_cfg, blend, seed),
+                           [checkpoint_hash(base.checkpoint), Path(base.data_root).name])
+        reused = reused_result(ctx, STAGE, run_id, out_dir)
+        if reused is not None:
+            logger.info("long context already finished in %s: reusing %s", out_dir, reused.checkpoint)
+            return reused
+        tracker.log_json(run_id, blend, "long_context/blend.json")
+        doc_qa = value_of(doc_qa_task(base.checkpoint, stage.data.doc_qa, seed, ctx.workdir))
         train_shards, val_shards = _shards(base.data_root)
         train_shards[DOC_QA], val_shards[DOC_QA] = doc_qa["train"], doc_qa["val"]
-        blend = long_context_blend(stage.data, phase2_blend)
-        tracker.log_json(run_id, blend, "long_context/blend.json")
-        train_cfg = stage.train_config()
-        key = json.dumps([stage.model_dump(), base.checkpoint, blend, seed], sort_keys=True, default=str)
-        out_dir = Path(workdir) / "stages" / f"{STAGE}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
         spec = TrainSpec(
-            stage=STAGE, model=ModelConfig(preset=None, **{"from": base.checkpoint}, mtp=model.mtp), train=train_cfg,
+            stage=STAGE, model=ModelConfig(preset=None, **{"from": base.checkpoint}, mtp=block.mtp), train=train_cfg,
             data=LongContextData(shards=train_shards, config=stage.data, blend=blend, tokenizer_dir=base.checkpoint),
-            out_dir=str(out_dir), seed=seed, recipe_hash=recipe_hash, parent=base.checkpoint, device=device,
+            out_dir=str(out_dir), seed=seed, recipe_hash=ctx.recipe_hash, parent=base.checkpoint,
+            device=ctx.runtime.device,
         )
         start_ref = CheckpointRef(path=base.checkpoint, step=0, tokens_seen=0)
         before = needle_task(start_ref, stage.needle_lengths, stage.needle_per_length, val_shards, seed, tracker, run_id, at=(0, 0))
@@ -79,16 +97,19 @@ def long_context_flow(
                                           tracker, run_id)
             return last[ckpt.path]
 
-        from flows.pretrain import existing_checkpoint
-
         total = train_cfg.total_steps * train_cfg.tokens_per_step
-        start = existing_checkpoint(out_dir, total, resume)
-        ckpt, _ = run_stretches(spec, [(STAGE, total)], total, start, evaluate, tracker, run_id)
-        after = last.get(ckpt.path) or evaluate(ckpt)  # a reused, finished stage was not evaluated yet
+        ckpt, _ = run_stretches(spec, [(STAGE, total)], total, resume_point(out_dir, ctx.resume), evaluate, tracker, run_id)
+        after = last.get(ckpt.path) or evaluate(ckpt)  # resumed after its training had finished: not evaluated yet
         deltas = {f"long_context/delta/{k.removeprefix('eval/')}": after[k] - before[k] for k in before if k in after}
         tracker.log_metrics(run_id, [(ckpt.step, ckpt.tokens_seen, deltas)])
         tracker.log_json(run_id, {"before": before, "after": after, "delta": deltas}, "reports/long_context.json")
         logger.info("long context: %s", ", ".join(f"{k}={v:+.3f}" for k, v in sorted(deltas.items())))
-        tracker.register_checkpoint(tracker.experiment, Path(ckpt.path), run_id, alias=STAGE)
-    return StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, metrics={k.split("/", 2)[-1]: v for k, v in deltas.items()},
-                       data_root=base.data_root, stage_dir=str(out_dir))
+        target = f"eval/loss/{max(stage.needle_lengths)}"
+        summary = StageSummary(metric=target, before=before.get(target), after=after.get(target), tokens=ckpt.tokens_seen)
+        result = StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, summary=summary,
+                             metrics={k.split("/", 2)[-1]: v for k, v in deltas.items()},
+                             data_root=base.data_root, stage_dir=str(out_dir))
+        return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))
+
+
+STAGE_ENTRY = Stage(name=STAGE, flow=long_context_flow, select=select, needs=("pretrain",))

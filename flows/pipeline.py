@@ -4,28 +4,33 @@
       ├─ pretrain        (flows/pretrain.py: prepare data -> phases -> validation)
       ├─ merge           (flows/merge.py: windows merged at every checkpoint -> best kept)
       ├─ long_context    (flows/long_context.py: doc-QA + retrieval + phase-2, long/short mix)
-      ├─ sft             (flows/sft.py: curate -> blend + pack -> sub-stages -> base vs fine-tuned)
-      └─ ... later stages hand each other a StageResult (checkpoint, run id, gate, metrics)
+      └─ sft             (flows/sft.py: curate -> blend + pack -> sub-stages -> base vs fine-tuned)
 
-One MLflow parent run per pipeline run (tagged with the Prefect flow-run id), one nested
-run per stage. `run_pipeline` is what `stagewise run` calls.
+The stages come from flows/registry.py; each is called the same way, `flow(ctx, block,
+upstream)` (flows/stage.py), and hands the next a StageResult. One MLflow parent run per
+pipeline run (tagged with the Prefect flow-run id), one nested run per stage, and the
+closing table (flows/closing_table.py) as the parent run's report. `run_pipeline` is what
+`stagewise run` calls; it checks the stage selection and the runtime before Prefect starts.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import yaml
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.long_context import long_context_flow
-from flows.merge import merge_flow
-from flows.pretrain import pretrain_flow
-from flows.recipe import STAGE_ORDER, LoadedRecipe, Recipe, RecipeError, flatten_recipe, recipe_hash, select_stages
-from flows.sft import NO_START, sft_flow, start_checkpoint
+from flows.closing_table import closing_rows, log_closing_table
+from flows.recipe import LoadedRecipe, Recipe, RecipeError, flatten_recipe, recipe_hash, select_stages
+from flows.recipe_errors import cite_location, locate
+from flows.registry import REGISTRY
+from flows.stage import NO_START, Stage, StageContext, Upstream
+from model.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from tasks.refs import StageResult
 from tasks.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker, default_tracking_uri
+
 
 def tracker_for(recipe: Recipe, workdir: Path) -> Tracker:
     """The recipe's MLflow store: tracking.uri, or SQLite under the workdir."""
@@ -33,67 +38,76 @@ def tracker_for(recipe: Recipe, workdir: Path) -> Tracker:
     return Tracker(uri=uri, experiment=recipe.tracking.experiment or recipe.name, artifact_root=str(workdir / "mlartifacts"))
 
 
+def chosen_stages(recipe: Recipe, stages: list[str] | None) -> list[Stage]:
+    """The registry entries to run: those named (in pipeline order), else every stage the recipe has."""
+    names = select_stages(recipe, stages) if stages else None
+    return [s for s in REGISTRY if (s.name in names if names else s.select(recipe) is not None)]
+
+
 @flow(name="stagewise-pipeline", log_prints=True)
 def pipeline_flow(
-    recipe: Recipe, base_dir: str, stages: list[str] | None = None, resume: bool = False
+    recipe: Recipe, base_dir: str, stages: list[str] | None = None, resume: bool = False,
+    runtime: Runtime | None = None,
 ) -> list[StageResult]:
     """Run the selected stages of `recipe`, each handing its checkpoint to the next."""
     logger = get_run_logger()
+    runtime = runtime or resolve_runtime(recipe.runtime)
     workdir = Path(recipe.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     tracker = tracker_for(recipe, workdir)
-    selected = select_stages(recipe, stages) or [s for s in STAGE_ORDER if getattr(recipe.stages, s, None) is not None]
     digest = recipe_hash(recipe)
     tags = {RECIPE_TAG: recipe.name, FLOW_RUN_TAG: str(flow_run.id), "stagewise.recipe_hash": digest}
     with tracker.run(recipe.name, tags) as parent:
-        tracker.log_params(parent, flatten_recipe(recipe))
+        tracker.log_params(parent, flatten_recipe(recipe) | runtime.params())
         tracker.log_text(parent, yaml.safe_dump(recipe.model_dump(mode="json", by_alias=True), sort_keys=False), "recipe.yaml")
-        logger.info("MLflow: %s (experiment %s, run %s)", tracker.uri, tracker.experiment, parent)
-        results: list[StageResult] = []
-        if "pretrain" in selected:
-            results.append(pretrain_flow(
-                recipe.model, recipe.data, recipe.tokenizer, recipe.stages.pretrain, recipe.eval, str(workdir), base_dir,
-                recipe.seed, digest, tracker, parent_run_id=parent, resume=resume,
-            ))
-        if "merge" in selected:
-            results.append(merge_flow(
-                recipe.stages.merge, results[-1], recipe.stages.pretrain.seq_length, str(workdir), recipe.seed, digest,
-                tracker, parent_run_id=parent, suites=recipe.eval,
-            ))
-        if "long_context" in selected:
-            results.append(long_context_flow(
-                recipe.stages.long_context, results[-1], recipe.stages.pretrain.phases[-1].blend, recipe.model,
-                str(workdir), recipe.seed, digest, tracker, parent_run_id=parent, resume=resume,
-            ))
-        if "sft" in selected:
-            results.append(sft_flow(
-                recipe.stages.sft, recipe.model, start_checkpoint(results, recipe.model.from_), recipe.eval,
-                str(workdir), base_dir, recipe.seed, digest, tracker, parent_run_id=parent, resume=resume,
-                world_entities=recipe.data.world.facts if recipe.data.world else 3000,
-            ))
-        tracker.log_json(parent, [r.model_dump() for r in results], "stage_results.json")
-    return results
+        logger.info("MLflow: %s (experiment %s, run %s); runtime %s/%s",
+                    tracker.uri, tracker.experiment, parent, runtime.device, runtime.precision)
+        ctx = StageContext(workdir=str(workdir), base_dir=base_dir, seed=recipe.seed, recipe_hash=digest,
+                           tracker=tracker, parent_run_id=parent, resume=resume, runtime=runtime)
+        upstream = Upstream()
+        for entry in chosen_stages(recipe, stages):
+            started = time.monotonic()
+            result = entry.flow(ctx, entry.select(recipe), upstream)
+            if result.summary is not None:
+                result.summary.seconds = round(time.monotonic() - started, 1)
+            upstream = Upstream(results=[*upstream.results, result])
+        tracker.log_json(parent, [r.model_dump() for r in upstream.results], "stage_results.json")
+        log_closing_table(tracker, parent, upstream.results)
+    return upstream.results
 
 
-def check_starts(recipe: Recipe, chosen: list[str]) -> None:
-    """RecipeError (exit 2) when a selected stage has no checkpoint to start from."""
-    for stage in ("merge", "long_context"):
-        if stage in chosen and "pretrain" not in chosen:
-            raise RecipeError([f"--stages {','.join(chosen)}: {stage} needs pretrain in the same run (a finished, "
-                               "unchanged pretraining stage is reused without training)"])
-    if "sft" not in chosen or any(STAGE_ORDER.index(s) < STAGE_ORDER.index("sft") for s in chosen):
+def check_starts(recipe: Recipe, names: list[str]) -> None:
+    """RecipeError (exit 2) when a selected stage (of `names`) lacks what it consumes."""
+    chosen = [s for s in REGISTRY if s.name in names]
+    for entry in chosen:
+        for need in entry.needs:
+            if need not in names:
+                raise RecipeError([f"--stages {','.join(names)}: {entry.name} needs {need} in the same run (a finished, "
+                                   "unchanged pretraining stage is reused without training)"])
+    first = chosen[0] if chosen else None
+    if first is None or first.start != "handed_on":
         return
     if recipe.model.from_ is None:
-        raise RecipeError([f"--stages {','.join(chosen)}: {NO_START}"])
+        raise RecipeError([f"--stages {','.join(names)}: stages.{first.name} {NO_START}"])
     if not (Path(recipe.model.from_) / "config.json").is_file():
         raise RecipeError([f"model.from: {recipe.model.from_} is not a checkpoint directory (no config.json)"])
 
 
+def runtime_of(loaded: LoadedRecipe) -> Runtime:
+    """The recipe's runtime on this machine; RecipeError naming the field (and its line) when unavailable."""
+    try:
+        return resolve_runtime(loaded.recipe.runtime)
+    except RuntimeUnavailable as e:
+        where = cite_location(locate(e.field, loaded.sources, str(loaded.path)))
+        raise RecipeError([f"{e.field}: {e} ({where})"]) from None
+
+
 def run_pipeline(loaded: LoadedRecipe, stages: list[str] | None = None, resume: bool = False) -> dict:
-    """Validate the stage selection, run the flow, and summarise where everything went."""
-    chosen = select_stages(loaded.recipe, stages) or [s for s in STAGE_ORDER if getattr(loaded.recipe.stages, s, None) is not None]
-    check_starts(loaded.recipe, chosen)  # bad input fails before Prefect starts
-    results = pipeline_flow(loaded.recipe, str(loaded.path.parent.resolve()), stages, resume)
+    """Validate the stage selection and runtime, run the flow, and summarise where everything went."""
+    chosen = chosen_stages(loaded.recipe, stages)
+    check_starts(loaded.recipe, [s.name for s in chosen])  # bad input fails before Prefect starts
+    runtime = runtime_of(loaded)
+    results = pipeline_flow(loaded.recipe, str(loaded.path.parent.resolve()), stages, resume, runtime)
     workdir = Path(loaded.recipe.workdir).resolve()
     tracker = tracker_for(loaded.recipe, workdir)
     return {
@@ -101,5 +115,7 @@ def run_pipeline(loaded: LoadedRecipe, stages: list[str] | None = None, resume: 
         "workdir": str(workdir),
         "tracking_uri": tracker.uri,
         "experiment": tracker.experiment,
-        "stages": [r.model_dump() for r in results],
+        "runtime": runtime.model_dump(),
+        "stages": [row | r.model_dump(exclude={"summary"}) for row, r in zip(closing_rows(results), results)],
     }
+

@@ -3,59 +3,73 @@
 Phases share one LR schedule and one data stream; each stretch (a phase, or a gate's
 chunk of `eval_every_tokens`) is a task that resumes the previous one's checkpoint, so
 the curriculum reads as a list of tasks in the Prefect UI and a crash loses at most one
-checkpoint interval (`stagewise run --resume`).
+checkpoint interval (`stagewise run --resume`). The untrained model is scored first, so the
+closing table shows the validation loss before and after.
 
-The stage directory is named by a hash of everything that determines its weights (model,
-training config, phases, data digest, seed): re-running an unchanged, finished stage does
-no training and hands on the same checkpoint.
+The stage is one content-addressed step (tasks/steps.py): its directory is named by
+`pretrain_spec` (model, training config, phases, epoch caps, gate) and the prepared data's
+digest. Re-running an unchanged, finished stage (gate-stopped included) trains nothing and
+hands on the recorded checkpoint.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
-
+from pydantic import BaseModel, ConfigDict
 from prefect import flow, get_run_logger
 
 from data.config import DataConfig, TokenizerConfig
-from flows.recipe import PretrainStage
+from flows.recipe import PretrainStage, Recipe
+from flows.stage import Stage, StageContext, Upstream, finish, resume_point, reused_result, stage_run
 from flows.stage_loop import run_stretches
 from model.config import ModelConfig, TrainConfig
 from tasks.data import prepare_data_task
 from tasks.evaluate import loss_report_task, suite_task, validation_task
-from tasks.refs import CheckpointRef, PreparedRef, StageResult
-from tasks.tracking import STAGE_TAG, Tracker
+from tasks.refs import CheckpointRef, PreparedRef, StageResult, StageSummary
+from tasks.steps import step_dir, value_of
+from tasks.tracking import Tracker
 from tasks.train import ShardData, TrainSpec
 
 STAGE = "pretrain"
+TARGET = "eval/validation/loss"
 
 
-class StageStateError(RuntimeError):
-    """A stage directory holds an interrupted run and --resume was not given."""
+class PretrainInputs(BaseModel):
+    """What pretraining reads from the recipe: its block, the model, the data and the eval suites."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    stage: PretrainStage
+    model: ModelConfig
+    data: DataConfig
+    tokenizer: TokenizerConfig
+    suites: dict[str, list[str]] = {}
 
 
-def stage_dir(workdir: Path, stage: str, spec_fields: dict) -> Path:
-    """`<workdir>/stages/<stage>-<hash of what determines the weights>`."""
-    digest = hashlib.sha256(json.dumps(spec_fields, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return workdir / "stages" / f"{stage}-{digest}"
-
-
-def existing_checkpoint(out_dir: Path, total_tokens: int, resume: bool) -> CheckpointRef | None:
-    """The checkpoint to continue from: the finished one, or (with --resume) the latest."""
-    from model.checkpoint import latest_checkpoint, read_meta
-
-    latest = latest_checkpoint(out_dir)
-    if latest is None:
+def select(recipe: Recipe) -> PretrainInputs | None:
+    if recipe.stages.pretrain is None:
         return None
-    meta = read_meta(latest)
-    ref = CheckpointRef(path=str(latest), step=meta.step, tokens_seen=meta.tokens_seen, sha256=meta.weight_sha256 or "")
-    if meta.tokens_seen >= total_tokens or resume:
-        return ref
-    raise StageStateError(
-        f"{out_dir} holds an interrupted run (last checkpoint at {meta.tokens_seen:,} tokens); "
-        "pass --resume to continue it, or delete the directory to start over"
-    )
+    return PretrainInputs(stage=recipe.stages.pretrain, model=recipe.model, data=recipe.data,
+                          tokenizer=recipe.tokenizer, suites=recipe.eval)
+
+
+def train_config(stage: PretrainStage, precision: str) -> TrainConfig:
+    """The stage's TrainConfig with its precision resolved against the runtime's."""
+    cfg = TrainConfig.model_validate(stage.model_dump(include=set(TrainConfig.model_fields)))
+    return cfg.model_copy(update={"precision": precision})
+
+
+def pretrain_spec(block: PretrainInputs, train: TrainConfig, seed: int) -> dict:
+    """What determines the stage's weights and the checkpoint it hands on (hashed with the data digest).
+
+    Epoch caps change what the loader reads; a gate (with what it evaluates) changes which
+    checkpoint is handed on. Evaluation-only settings (eval_suite, val_tokens without a gate)
+    and the data's `quality` labels are left out."""
+    gate = block.stage.gate
+    return {
+        "model": block.model, "train": train, "phases": block.stage.phases, "seed": seed,
+        "max_epochs": {s.name: s.max_epochs for s in block.data.sources},
+        "gate": None if gate is None else [gate, block.suites.get(gate.suite or ""), block.stage.val_tokens],
+    }
 
 
 def evaluator(prepared: PreparedRef, seq_length: int, val_tokens: int, suite: list[str] | None,
@@ -70,49 +84,44 @@ def evaluator(prepared: PreparedRef, seq_length: int, val_tokens: int, suite: li
 
 
 @flow(name="pretrain", log_prints=True)
-def pretrain_flow(
-    model: ModelConfig,
-    data: DataConfig,
-    tokenizer: TokenizerConfig,
-    stage: PretrainStage,
-    suites: dict[str, list[str]],
-    workdir: str,
-    base_dir: str,
-    seed: int,
-    recipe_hash: str,
-    tracker: Tracker,
-    parent_run_id: str | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-) -> StageResult:
-    """Phased pretraining of `stage` (a `stages.pretrain` block) on the recipe's data."""
+def pretrain_flow(ctx: StageContext, block: PretrainInputs, upstream: Upstream | None = None) -> StageResult:
+    """Phased pretraining of `block.stage` (a `stages.pretrain` block) on the recipe's data."""
     logger = get_run_logger()
-    with tracker.run(STAGE, {STAGE_TAG: STAGE}, parent_run_id) as run_id:
-        prepared = prepare_data_task(data, tokenizer, workdir, seed, base_dir, tracker, run_id)
-        train_cfg = TrainConfig.model_validate(stage.model_dump(include=set(TrainConfig.model_fields)))
-        out_dir = stage_dir(Path(workdir), STAGE, {
-            "model": model.model_dump(), "train": train_cfg.model_dump(), "phases": [p.model_dump() for p in stage.phases],
-            "data": prepared.digest, "seed": seed,
-        })
+    stage, tracker = block.stage, ctx.tracker
+    with stage_run(ctx, STAGE) as run_id:
+        prepared = value_of(prepare_data_task(block.data, block.tokenizer, ctx.workdir, ctx.seed, ctx.base_dir,
+                                              tracker, run_id))
+        train_cfg = train_config(stage, ctx.runtime.precision_for(stage.precision))
+        out_dir = step_dir(ctx.stages_root, STAGE, pretrain_spec(block, train_cfg, ctx.seed), [prepared.digest])
+        reused = reused_result(ctx, STAGE, run_id, out_dir)
+        if reused is not None:
+            logger.info("pretrain already finished in %s: reusing %s", out_dir, reused.checkpoint)
+            return reused
         spec = TrainSpec(
-            stage=STAGE, model=model, train=train_cfg, out_dir=str(out_dir), seed=seed, recipe_hash=recipe_hash,
-            device=device, data=ShardData(prepared=prepared, phases=stage.phases,
-                                          max_epochs={s.name: s.max_epochs for s in data.sources}),
+            stage=STAGE, model=block.model, train=train_cfg, out_dir=str(out_dir), seed=ctx.seed,
+            recipe_hash=ctx.recipe_hash, device=ctx.runtime.device,
+            data=ShardData(prepared=prepared, phases=stage.phases,
+                           max_epochs={s.name: s.max_epochs for s in block.data.sources}),
         )
         total = train_cfg.total_steps * train_cfg.tokens_per_step
-        start = existing_checkpoint(out_dir, total, resume)
-        if start is not None and start.tokens_seen >= total:
-            logger.info("pretrain already finished at %s: reusing it", start.path)
-            tracker.set_tags(run_id, {"stagewise.reused": "true"})
         gate = stage.gate
         suite_name = gate.suite if gate else stage.eval_suite
-        evaluate = evaluator(prepared, train_cfg.seq_length, stage.val_tokens, suites.get(suite_name) if suite_name else None,
+        evaluate = evaluator(prepared, train_cfg.seq_length, stage.val_tokens,
+                             block.suites.get(suite_name) if suite_name else None,
                              gate.eval_limit if gate else None, tracker, run_id)
         phase_ends = [(p.name, round(p.until * train_cfg.tokens)) for p in stage.phases]
-        ckpt, decision = run_stretches(spec, phase_ends, total, start, evaluate, tracker, run_id, gate)
+        ckpt, decision = run_stretches(spec, phase_ends, total, resume_point(out_dir, ctx.resume), evaluate,
+                                       tracker, run_id, gate, evaluate_start=True)
         metrics = validation_task(ckpt, prepared, train_cfg.seq_length, stage.val_tokens, tracker, run_id)
         loss_report_task(tracker, run_id, STAGE)
-        tracker.register_checkpoint(tracker.experiment, Path(ckpt.path), run_id, alias=STAGE)
-    headline = {f"validation_{k}": v for k, v in metrics.items() if k in ("loss", "unigram_baseline")}
-    return StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=decision, metrics=headline,
-                       data_root=prepared.root, stage_dir=str(out_dir))
+        history = tracker.metric_histories(run_id, [TARGET]).get(TARGET, [])
+        before = next((v for step, _, v in history if step == 0), None)
+        summary = StageSummary(metric=TARGET, before=before, after=metrics["loss"], tokens=ckpt.tokens_seen)
+        headline = {f"validation_{k}": v for k, v in metrics.items() if k in ("loss", "unigram_baseline")}
+        result = StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=decision, metrics=headline,
+                             data_root=prepared.root, stage_dir=str(out_dir), summary=summary)
+        final = {f"eval/validation/{k}": v for k, v in metrics.items()}
+        return finish(ctx, out_dir, result, final, at=(ckpt.step, ckpt.tokens_seen))
+
+
+STAGE_ENTRY = Stage(name=STAGE, flow=pretrain_flow, select=select)

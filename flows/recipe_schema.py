@@ -22,6 +22,7 @@ from flows.recipe_checks import cross_problems
 from flows.recipe_errors import RecipeError, did_you_mean
 from flows.stage_schemas import LongContextStage, MergeStage
 from model.config import LoRAConfig, ModelConfig, TrainConfig
+from model.runtime import RuntimeConfig
 
 
 class _Config(BaseModel):
@@ -112,6 +113,8 @@ class Recipe(_Config):
     """Where data, checkpoints and the default MLflow store live (relative to the current directory)."""
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     """MLflow settings."""
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """Device and precision of every stage (auto: CUDA with bf16 when a GPU is present, else CPU fp32)."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The network."""
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)

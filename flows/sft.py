@@ -21,9 +21,11 @@ read the sub-stage's own start. `stagewise cutoffs --stage sft` replays sub-stag
 (the stage run holds no gate histories and is skipped).
 
 Each sub-stage trains from the checkpoint the previous one handed on (ModelConfig(from=...)
-loads its weights) into its own directory named by a hash of what determines its weights;
-a finished sub-stage leaves `handed_on.json` there, so re-running an unchanged recipe trains
-nothing. The final checkpoint is registered with the alias `sft`.
+loads its weights) into its own content-addressed step (`stages/sft-<name>-<hash>`, finish
+marker = the checkpoint it handed on and its gate decision). The stage itself is a step over
+the start checkpoint, the packed data and the evaluation settings: re-running an unchanged
+recipe assembles (reuses) the data, then trains and evaluates nothing. The final checkpoint is
+registered with the alias `sft`.
 """
 
 from __future__ import annotations
@@ -31,40 +33,46 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from pydantic import BaseModel
 from prefect import flow, get_run_logger
 
-from flows.pretrain import existing_checkpoint, stage_dir
-from flows.recipe import SFTStage, SFTSubStage
+from flows.recipe import Recipe, SFTStage, SFTSubStage
+from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
+                         stage_run, start_checkpoint)
 from flows.stage_loop import GateFailed, run_stretches
-from model.config import ModelConfig, TrainConfig
+from model.config import ModelConfig, MTPConfig, TrainConfig
 from tasks.evaluate import heldout_task, loss_report_task, suite_task
-from tasks.refs import CheckpointRef, StageResult
+from tasks.refs import CheckpointRef, StageResult, StageSummary
 from tasks.sft_data import PackedRef, blend_pack_task, curate_task, resolve, sft_start_task, sft_world_task
-from tasks.tracking import STAGE_TAG, Tracker
+from tasks.steps import file_hash, finished, mark_finished, reuse, step_dir, value_of
+from tasks.tracking import Tracker
 from tasks.train import PackedData, TrainSpec
 
 STAGE = "sft"
 SUBSTAGE_TAG = "stagewise.substage"
 SUBSTAGES_TAG = "stagewise.substages"
-HANDED_ON = "handed_on.json"
-"""Written into a sub-stage's directory when it finishes: the checkpoint it handed on and its gate decision."""
+TARGET = "eval/sft_heldout/exact_match"
+WORLD_ENTITIES = 3000
+"""The `format` questions' entity count when neither the SFT nor the pretraining world says."""
 
 
-NO_START = ("stages.sft needs a checkpoint to start from: run it after pretraining (--stages pretrain,sft; "
-            "a finished, unchanged pretrain stage is reused without training) or set model.from to a checkpoint directory")
+class SFTInputs(BaseModel):
+    """What SFT reads from the recipe: its block, where to start without an upstream stage,
+    the model's MTP heads, the eval suites and the pretraining world's entity count."""
+
+    stage: SFTStage
+    model_from: str | None = None
+    mtp: MTPConfig = MTPConfig()
+    suites: dict[str, list[str]] = {}
+    world_entities: int = WORLD_ENTITIES
 
 
-class SFTStartError(ValueError):
-    """The SFT stage has no checkpoint to start from."""
-
-
-def start_checkpoint(previous: list[StageResult], model_from: str | None) -> str:
-    """What SFT fine-tunes: the checkpoint the previous stage handed on, else `model.from`."""
-    if previous:
-        return previous[-1].checkpoint
-    if model_from:
-        return model_from
-    raise SFTStartError(NO_START)
+def select(recipe: Recipe) -> SFTInputs | None:
+    if recipe.stages.sft is None:
+        return None
+    world = recipe.data.world
+    return SFTInputs(stage=recipe.stages.sft, model_from=recipe.model.from_, mtp=recipe.model.mtp,
+                     suites=recipe.eval, world_entities=world.facts if world else WORLD_ENTITIES)
 
 
 class Scores:
@@ -109,115 +117,101 @@ def deltas(base: dict[str, float], final: dict[str, float]) -> dict[str, float]:
             if k in final and not k.endswith(COUNTS)}
 
 
-def _finished(out_dir: Path) -> tuple[CheckpointRef, dict | None] | None:
-    """The handed-on checkpoint and decision of a finished sub-stage directory, if it still exists."""
-    import json
-
-    path = out_dir / HANDED_ON
-    if not path.is_file():
-        return None
-    doc = json.loads(path.read_text())
-    ref = CheckpointRef.model_validate(doc["checkpoint"])
-    return (ref, doc.get("decision")) if Path(ref.path).is_dir() else None
+def substage_spec(sub: SFTSubStage, train: TrainConfig, mtp: MTPConfig, suite: list[str] | None,
+                  heldout_limit: int | None, seed: int) -> dict:
+    """What determines a sub-stage's weights and the checkpoint it hands on (hashed with its start
+    checkpoint and packed data): a gate decides which checkpoint is handed on, from what it evaluates."""
+    gate = sub.gate
+    return {"train": train, "normalization": sub.normalization, "lora": sub.lora, "max_epochs": sub.max_epochs,
+            "mtp": mtp, "seed": seed, "gate": [gate, suite, heldout_limit] if gate else None}
 
 
-def _write_handed_on(out_dir: Path, ref: CheckpointRef, decision: dict | None) -> None:
-    import json
-    import os
-
-    tmp = out_dir / f".{HANDED_ON}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps({"checkpoint": ref.model_dump(), "decision": decision}, indent=1, default=str))
-    os.replace(tmp, out_dir / HANDED_ON)
-
-
-def train_substage(sub: SFTSubStage, packed: PackedRef, start: CheckpointRef, model: ModelConfig,
-                   tokenizer_dir: str, scores: Scores, suites: dict[str, list[str]], eval_limit: int | None,
-                   workdir: str, seed: int, recipe_hash: str, tracker: Tracker, parent_run_id: str,
-                   resume: bool, device: str) -> tuple[CheckpointRef, dict | None]:
+def train_substage(ctx: StageContext, sub: SFTSubStage, packed: PackedRef, start: CheckpointRef, block: SFTInputs,
+                   tokenizer_dir: str, scores: Scores, parent_run_id: str) -> tuple[CheckpointRef, dict | None]:
     """One sub-stage in its own MLflow run: train from `start` in stretches; returns (handed on, decision)."""
     logger = get_run_logger()
-    with tracker.run(f"{STAGE}/{sub.name}", {STAGE_TAG: STAGE, SUBSTAGE_TAG: sub.name}, parent_run_id) as run_id:
+    tracker, kind = ctx.tracker, f"{STAGE}-{sub.name}"
+    sub_ctx = ctx.model_copy(update={"parent_run_id": parent_run_id})
+    with stage_run(sub_ctx, f"{STAGE}/{sub.name}", {SUBSTAGE_TAG: sub.name}) as run_id:
         train_cfg = TrainConfig.model_validate(sub.model_dump(include=set(TrainConfig.model_fields)))
-        net = ModelConfig(preset=None, from_=start.path, mtp=model.mtp)
+        train_cfg = train_cfg.model_copy(update={"precision": ctx.runtime.precision_for(train_cfg.precision)})
         gate = sub.gate
-        suite = suites.get(gate.suite if gate else sub.eval_suite) if (gate or sub.eval_suite) else None
-        # A gate decides which checkpoint is handed on, from what it evaluates: both are in the name.
-        out_dir = stage_dir(Path(workdir), f"{STAGE}-{sub.name}", {
-            "start": start.sha256 or start.path, "train": train_cfg.model_dump(), "normalization": sub.normalization,
-            "lora": sub.lora.model_dump() if sub.lora else None, "max_epochs": sub.max_epochs,
-            "mtp": model.mtp.model_dump(), "data": packed.digest, "seed": seed,
-            "gate": ([gate.model_dump(), suite, scores.heldout_limit] if gate else None),
-        })
+        suite = block.suites.get(gate.suite if gate else sub.eval_suite) if (gate or sub.eval_suite) else None
+        out_dir = step_dir(ctx.stages_root, kind, substage_spec(sub, train_cfg, block.mtp, suite, scores.heldout_limit,
+                                                                ctx.seed), [start.sha256 or start.path, packed.digest])
         tracker.set_tags(run_id, {"stagewise.stage_dir": str(out_dir), "stagewise.start_checkpoint": start.path})
-        done = _finished(out_dir)
-        if done is not None:
-            logger.info("sft %s already finished at %s: reusing it", sub.name, done[0].path)
+        record = finished(out_dir)
+        if record is not None and Path(record["checkpoint"]["path"]).is_dir():
+            record = reuse(kind, out_dir, record)
+            logger.info("sft %s already finished in %s: reusing it", sub.name, out_dir)
             tracker.set_tags(run_id, {"stagewise.reused": "true"})
-            return done
+            return CheckpointRef.model_validate(record["checkpoint"]), record.get("decision")
         spec = TrainSpec(
-            stage=STAGE, model=net, train=train_cfg, objective=f"sft_{sub.normalization}", out_dir=str(out_dir),
-            seed=seed, recipe_hash=recipe_hash, parent=start.path, device=device,
-            data=PackedData(rows=packed.rows, tokenizer_dir=tokenizer_dir, max_epochs=sub.max_epochs), lora=sub.lora,
+            stage=STAGE, model=ModelConfig(preset=None, from_=start.path, mtp=block.mtp), train=train_cfg,
+            objective=f"sft_{sub.normalization}", out_dir=str(out_dir), seed=ctx.seed, recipe_hash=ctx.recipe_hash,
+            parent=start.path, device=ctx.runtime.device, lora=sub.lora,
+            data=PackedData(rows=packed.rows, tokenizer_dir=tokenizer_dir, max_epochs=sub.max_epochs),
         )
         total = train_cfg.total_steps * train_cfg.tokens_per_step
-        resume_from = existing_checkpoint(out_dir, total, resume)
-        limit = gate.eval_limit if gate else eval_limit
+        limit = gate.eval_limit if gate else block.stage.eval_limit
         evaluate = lambda ckpt: scores(ckpt, suite, limit, run_id)  # noqa: E731
         try:
-            ckpt, decision = run_stretches(spec, [(sub.name, total)], total, resume_from, evaluate, tracker, run_id, gate)
+            ckpt, decision = run_stretches(spec, [(sub.name, total)], total, resume_point(out_dir, ctx.resume),
+                                           evaluate, tracker, run_id, gate)
         except GateFailed as e:
             raise GateFailed(f"{STAGE}/{sub.name}", e.decision) from None
         if decision is not None:
             tracker.set_tags(run_id, {"stagewise.handed_on": ckpt.path})
         loss_report_task(tracker, run_id, f"{STAGE}_{sub.name}")
-        _write_handed_on(out_dir, ckpt, decision)
+        mark_finished(out_dir, {"checkpoint": ckpt.model_dump(), "decision": decision, "run_id": run_id})
     return ckpt, decision
 
 
-@flow(name="sft", log_prints=True)
-def sft_flow(
-    stage: SFTStage,
-    model: ModelConfig,
-    start_from: str,
-    suites: dict[str, list[str]],
-    workdir: str,
-    base_dir: str,
-    seed: int,
-    recipe_hash: str,
-    tracker: Tracker,
-    parent_run_id: str | None = None,
-    resume: bool = False,
-    device: str = "cpu",
-    world_entities: int = 3000,
-) -> StageResult:
-    """Supervised fine-tuning of the checkpoint `start_from` through the sub-stages of `stage` (a `stages.sft` block).
+def sft_spec(block: SFTInputs, packs: list[PackedRef], heldout: str | None, seed: int) -> dict:
+    """What determines the stage's outcome (hashed with the start checkpoint, the packs and the held-out file)."""
+    return {"stage": block.stage, "mtp": block.mtp, "seed": seed, "packs": [p.digest for p in packs],
+            "suite": block.suites.get(block.stage.eval_suite or ""),
+            "substage_suites": {s.name: block.suites.get((s.gate.suite if s.gate else s.eval_suite) or "")
+                                for s in block.stage.stages},
+            "heldout": file_hash(heldout) if heldout else None}
 
-    `model` contributes its `mtp` settings only (the weights come from `start_from`);
-    `world_entities` is the pretraining world's entity count (stage.data.world.entities wins)."""
+
+@flow(name="sft", log_prints=True)
+def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = None) -> StageResult:
+    """Supervised fine-tuning through the sub-stages of `block.stage` (a `stages.sft` block), from
+    the checkpoint the previous stage handed on, else `model.from`."""
     logger = get_run_logger()
+    stage, tracker, workdir = block.stage, ctx.tracker, ctx.workdir
+    start_from = start_checkpoint(upstream or Upstream(), block.model_from)
     names = [s.name for s in stage.stages]
-    with tracker.run(STAGE, {STAGE_TAG: STAGE, SUBSTAGES_TAG: ",".join(names)}, parent_run_id) as run_id:
+    with stage_run(ctx, STAGE, {SUBSTAGES_TAG: ",".join(names), "stagewise.start_checkpoint": start_from}) as run_id:
         data = stage.data
         world_dir = None
         if data.world is not None:
-            world_dir = sft_world_task(data.world, data.world.entities or world_entities, seed, workdir)
-        curated = curate_task(data.sources, data.curate, world_dir, base_dir, workdir, tracker, run_id)
-        start = sft_start_task(start_from, workdir)
-        tracker.set_tags(run_id, {"stagewise.start_checkpoint": start_from})
+            world_dir = value_of(sft_world_task(data.world, data.world.entities or block.world_entities, ctx.seed,
+                                                workdir))
+        curated = value_of(curate_task(data.sources, data.curate, world_dir, ctx.base_dir, workdir, tracker, run_id))
+        start = value_of(sft_start_task(start_from, workdir))
         packs, previous = [], None
         for i, sub in enumerate(stage.stages):
-            previous = blend_pack_task(sub, i, curated, previous, start.path, seed, workdir, tracker, run_id)
+            previous = value_of(blend_pack_task(sub, i, curated, previous, start.path, ctx.seed, workdir, tracker,
+                                                run_id))
             packs.append(previous)
         heldout = data.heldout or ("@world/sft_eval.jsonl" if world_dir else None)
-        heldout_path = str(resolve(heldout, base_dir, world_dir)) if heldout else None
+        heldout_path = str(resolve(heldout, ctx.base_dir, world_dir)) if heldout else None
+        out_dir = step_dir(ctx.stages_root, STAGE, sft_spec(block, packs, heldout_path, ctx.seed),
+                           [checkpoint_hash(start_from)])
+        reused = reused_result(ctx, STAGE, run_id, out_dir)
+        if reused is not None:
+            logger.info("sft already finished in %s: reusing %s", out_dir, reused.checkpoint)
+            return reused
         scores = Scores(tracker, heldout_path, data.heldout_limit, max(s.seq_length for s in stage.stages))
-        tasks = suites.get(stage.eval_suite) if stage.eval_suite else None
+        tasks = block.suites.get(stage.eval_suite) if stage.eval_suite else None
         base = scores(start, tasks, stage.eval_limit, run_id, at=(0, 0))
         ckpt, step, tokens, decisions = start, 0, 0, {}
         final = base
         for sub, packed in zip(stage.stages, packs):
-            ckpt, decision = train_substage(sub, packed, ckpt, model, start.path, scores, suites, stage.eval_limit,
-                                            workdir, seed, recipe_hash, tracker, run_id, resume, device)
+            ckpt, decision = train_substage(ctx, sub, packed, ckpt, block, start.path, scores, run_id)
             if decision is not None:
                 decisions[sub.name] = decision
             step, tokens = step + ckpt.step, tokens + ckpt.tokens_seen
@@ -226,13 +220,16 @@ def sft_flow(
         tracker.log_metrics(run_id, [(step, tokens, delta)])
         logger.info("sft: %s", ", ".join(f"{k} {v:+.3f}" for k, v in delta.items()) or "no evaluations")
         _report(tracker, run_id, base, final, names)
-        tracker.register_checkpoint(tracker.experiment, Path(ckpt.path), run_id, alias=STAGE)
-    gate = None
-    if decisions:
-        last = list(decisions)[-1]
-        gate = {**decisions[last], "substage": last}
-    headline = {**{k: v for k, v in final.items()}, **{f"base/{k}": v for k, v in base.items()}, **delta}
-    return StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=gate, metrics=headline)
+        gate = None
+        if decisions:
+            last = list(decisions)[-1]
+            gate = {**decisions[last], "substage": last}
+        headline = {**final, **{f"base/{k}": v for k, v in base.items()}, **delta}
+        summary = StageSummary(metric=TARGET, before=base.get(TARGET), after=final.get(TARGET), higher_is_better=True,
+                               tokens=tokens)
+        result = StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=gate, metrics=headline,
+                             stage_dir=str(out_dir), summary=summary)
+        return finish(ctx, out_dir, result, {**final, **delta}, at=(step, tokens))
 
 
 def _report(tracker: Tracker, run_id: str, base: dict, final: dict, names: list[str]) -> None:
@@ -243,3 +240,6 @@ def _report(tracker: Tracker, run_id: str, base: dict, final: dict, names: list[
         from eval.plots import before_after_plot
 
         tracker.log_figure(run_id, before_after_plot(base, final, "SFT: base vs fine-tuned"), "reports/sft_before_after.png")
+
+
+STAGE_ENTRY = Stage(name=STAGE, flow=sft_flow, select=select, start="handed_on")

@@ -60,8 +60,11 @@ def run_stretches(
     tracker: Tracker,
     run_id: str,
     gate=None,
+    evaluate_start: bool = False,
 ) -> tuple[CheckpointRef, dict | None]:
-    """Train from `start` through every mark; returns the checkpoint handed on and the last gate decision."""
+    """Train from `start` through every mark; returns the checkpoint handed on and the last gate decision.
+
+    The untrained start is evaluated when the stage has a gate or `evaluate_start` (its "before")."""
     logger = get_run_logger()
     ckpt, decision = start, None
     tracker.set_tags(run_id, {"stagewise.stage_dir": spec.out_dir})
@@ -69,7 +72,7 @@ def run_stretches(
         source = tracker.carry_over(run_id, spec.out_dir, start.step)
         if source:
             logger.info("%s resumes at step %d: metrics up to it carried over from run %s", spec.stage, start.step, source)
-    if gate is not None and (ckpt is None or ckpt.tokens_seen == 0):
+    if (gate is not None or evaluate_start) and (ckpt is None or ckpt.tokens_seen == 0):
         ckpt = ckpt or train_task(spec, "start", 0, None, tracker, run_id)
         evaluate(ckpt)
     for label, until in marks(phase_ends, gate.eval_every_tokens if gate else None, total):

@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 from data.config import DataConfig, TokenizerConfig
 from tasks.refs import PreparedRef
+from tasks.steps import cached
 from tasks.tracking import Tracker
+from tasks.policy import retrying
 
 
-@task(name="prepare-data", cache_policy=NO_CACHE)
+@task(**retrying("prepare-data"))
 def prepare_data_task(
     data: DataConfig,
     tokenizer: TokenizerConfig,
@@ -22,7 +23,10 @@ def prepare_data_task(
     tracker: Tracker | None = None,
     run_id: str | None = None,
 ) -> PreparedRef:
-    """Prepare (or reuse) the data and log per-source token counts to the stage run."""
+    """Prepare (or reuse) the data and log per-source token counts to the stage run.
+
+    Returns a PreparedRef, or a Cached state holding it when the digest's directory was reused
+    (unwrap with tasks.steps.value_of)."""
     from data.prepare import prepare_data
 
     prepared = prepare_data(data, tokenizer, Path(workdir), seed, base_dir=Path(base_dir))
@@ -35,4 +39,7 @@ def prepare_data_task(
             counts[f"data/{name}/val_tokens"] = src.val_tokens
         tracker.log_metrics(run_id, [(0, 0, counts)])
         tracker.set_tags(run_id, {"stagewise.data_digest": prepared.digest})
-    return PreparedRef(root=str(prepared.root), digest=prepared.digest)
+    ref = PreparedRef(root=str(prepared.root), digest=prepared.digest)
+    if prepared.reused:
+        return cached(ref, prepared.digest[:16], f"data: reused {prepared.root} (digest {prepared.digest[:16]})")
+    return ref

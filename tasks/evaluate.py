@@ -6,10 +6,10 @@ import logging
 from pathlib import Path
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 from tasks.refs import CheckpointRef, PreparedRef
 from tasks.tracking import Tracker
+from tasks.policy import retrying
 
 
 def task_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -30,7 +30,7 @@ def _val_streams(prepared_root: Path) -> dict:
     return {name: TokenShard.open(src.val).tokens for name, src in prepared.sources.items() if src.val_tokens > 0}
 
 
-@task(name="validation-loss", cache_policy=NO_CACHE)
+@task(**retrying("validation-loss"))
 def validation_task(
     checkpoint: CheckpointRef,
     prepared: PreparedRef,
@@ -62,7 +62,7 @@ def validation_task(
     return metrics
 
 
-@task(name="stage-report", cache_policy=NO_CACHE)
+@task(**retrying("stage-report"))
 def loss_report_task(tracker: Tracker, run_id: str, stage: str) -> None:
     """Plot training and validation loss over tokens and log it as a PNG artifact."""
     from eval.plots import loss_curves
@@ -76,7 +76,7 @@ def loss_report_task(tracker: Tracker, run_id: str, stage: str) -> None:
     tracker.log_figure(run_id, figure, f"reports/{stage}_loss.png")
 
 
-@task(name="eval-suite", cache_policy=NO_CACHE)
+@task(**retrying("eval-suite"))
 def suite_task(
     checkpoint: CheckpointRef,
     tasks: list[str],
@@ -101,7 +101,7 @@ def suite_task(
     return metrics
 
 
-@task(name="gate", cache_policy=NO_CACHE)
+@task(**retrying("gate"))
 def gate_task(gate, tracker: Tracker, run_id: str, tokens_seen: int, budget_exhausted: bool) -> dict:
     """Ask the gate, from the metrics as MLflow holds them; log the decision and its evidence."""
     from eval.gates import check_metrics, decide
@@ -120,7 +120,7 @@ HELDOUT_TASK = "sft_heldout"
 """Metric prefix of the held-out conversations: eval/sft_heldout/{loss,exact_match,exact_match_<domain>}."""
 
 
-@task(name="heldout-conversations", cache_policy=NO_CACHE)
+@task(**retrying("heldout-conversations"))
 def heldout_task(
     checkpoint: CheckpointRef,
     heldout: str,

@@ -2,34 +2,35 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 from data.long_context_config import DocQAConfig
 from tasks.refs import CheckpointRef
+from tasks.steps import cached, file_hash, step_dir
 from tasks.tracking import Tracker
+from tasks.policy import retrying
 
 
-@task(name="prepare-doc-qa", cache_policy=NO_CACHE)
-def doc_qa_task(tokenizer_dir: str, cfg: DocQAConfig, seed: int, workdir: str) -> dict[str, str]:
-    """Document-QA train/val shards under `<workdir>/data/doc_qa-<hash>` (reused when present)."""
+@task(**retrying("prepare-doc-qa"))
+def doc_qa_task(tokenizer_dir: str, cfg: DocQAConfig, seed: int, workdir: str):
+    """Document-QA train/val shards under `<workdir>/data/doc_qa-<hash>`: {"train": dir, "val": dir},
+    or a Cached state holding them when the step was reused (unwrap with tasks.steps.value_of)."""
     from data.long_context import prepare_doc_qa
     from transformers import AutoTokenizer
 
     tok_files = sorted(p for p in Path(tokenizer_dir).glob("tokenizer*.json"))
-    key = json.dumps([cfg.model_dump(), seed, [hashlib.sha256(p.read_bytes()).hexdigest() for p in tok_files]])
-    out = Path(workdir) / "data" / f"doc_qa-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if not (out / "train").exists():
-        prepare_doc_qa(AutoTokenizer.from_pretrained(tokenizer_dir), out, cfg, seed)
-        get_run_logger().info("document QA shards written to %s", out)
-    return {"train": str(out / "train"), "val": str(out / "val")}
+    out = step_dir(Path(workdir) / "data", "doc_qa", {"config": cfg, "seed": seed}, [file_hash(p) for p in tok_files])
+    shards = {"train": str(out / "train"), "val": str(out / "val")}
+    if (out / "train").exists():
+        return cached(shards, out.name.removeprefix("doc_qa-"), f"document QA: reused {out}")
+    prepare_doc_qa(AutoTokenizer.from_pretrained(tokenizer_dir), out, cfg, seed)
+    get_run_logger().info("document QA shards written to %s", out)
+    return shards
 
 
-@task(name="needle-eval", cache_policy=NO_CACHE)
+@task(**retrying("needle-eval"))
 def needle_task(
     checkpoint: CheckpointRef,
     lengths: list[int],

@@ -6,11 +6,11 @@ import shutil
 from pathlib import Path
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from tasks.evaluate import suite_task, task_logger, validation_task
 from tasks.refs import CheckpointRef, PreparedRef
 from tasks.tracking import Tracker
+from tasks.policy import retrying
 
 
 def _ref(path: Path) -> CheckpointRef:
@@ -20,7 +20,7 @@ def _ref(path: Path) -> CheckpointRef:
     return CheckpointRef(path=str(path), step=meta.step, tokens_seen=meta.tokens_seen, sha256=meta.weight_sha256 or "")
 
 
-@task(name="merge-at-checkpoint", cache_policy=NO_CACHE)
+@task(**retrying("merge-at-checkpoint"))
 def merge_at_checkpoint_task(
     checkpoints: list[tuple[str, int]],
     end: str,

@@ -21,6 +21,22 @@ class CheckpointRef(BaseModel):
     sha256: str = ""
 
 
+class StageSummary(BaseModel):
+    """A stage's row in the closing table: what it set out to move, and by how much."""
+
+    metric: str
+    """The MLflow metric the stage targets (e.g. `eval/validation/loss`)."""
+    before: float | None = None
+    """Its value on the checkpoint the stage started from (None when there was none to score)."""
+    after: float | None = None
+    """Its value on the checkpoint the stage hands on."""
+    higher_is_better: bool = False
+    tokens: int = 0
+    """Tokens the stage trained on (0 for stages that do not train, e.g. merging)."""
+    seconds: float | None = None
+    """Wall time of the stage in this pipeline run (filled by the pipeline)."""
+
+
 class StageResult(BaseModel):
     """What a stage flow returns and the next stage consumes (DESIGN.md, Stage result)."""
 
@@ -33,3 +49,7 @@ class StageResult(BaseModel):
     """The prepared pretraining data the stage saw (later stages score on its held-out shards)."""
     stage_dir: str | None = None
     """The stage's checkpoint directory (merging reads every checkpoint in it)."""
+    summary: StageSummary | None = None
+    """The stage's row in the closing table."""
+    reused: bool = False
+    """True when this run found the stage's step finished and trained nothing."""

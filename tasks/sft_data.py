@@ -23,13 +23,14 @@ import logging
 from pathlib import Path
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from data.sft_assembly import IM_END, SFTDataError, chat_eos, keep_previous, realised_mixture  # noqa: F401 (re-exported)
 from data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
 from tasks.refs import CheckpointRef
+from tasks.steps import cached, step_dir, step_hash
 from tasks.tracking import Tracker
+from tasks.policy import retrying
 
 SFT_DATA_VERSION = 4
 """Bump when the way SFT data is generated, curated, sampled or packed changes (new directories)."""
@@ -70,12 +71,6 @@ def _logger():
         return logging.getLogger("stagewise.sft")
 
 
-def digest_of(obj: object) -> str:
-    from data.digest import digest_of as _digest
-
-    return _digest(json.loads(json.dumps(obj, default=str)))
-
-
 def file_digest(path: str | Path) -> str:
     from data.digest import file_sha256
 
@@ -91,22 +86,23 @@ def resolve(path: str, base_dir: str | Path, world_dir: str | Path | None) -> Pa
 
 # --------------------------------------------------------------------------- tasks
 
-@task(name="sft-world", cache_policy=NO_CACHE)
+@task(**retrying("sft-world"))
 def sft_world_task(world: SFTWorldConfig, entities: int, seed: int, workdir: str) -> str:
     """Generate the demo world's SFT conversations once per (settings, seed); returns the directory."""
     from data.atomic import building
     from data.world.conversations import generate_sft_world
 
-    key = digest_of([world.model_dump(), entities, seed, SFT_DATA_VERSION])[:16]
+    key = step_hash("sft_world", {"world": world, "entities": entities, "seed": seed, "version": SFT_DATA_VERSION})
     out = Path(workdir) / "sft_world" / key
-    if not (out / "sft_eval.jsonl").is_file():
-        with building(out) as tmp:
-            generate_sft_world(tmp, seed, world.per_domain, world.long_context, world.eval_fraction, entities)
-        _logger().info("SFT world written to %s", out)
+    if (out / "sft_eval.jsonl").is_file():
+        return cached(str(out), key, f"SFT world: reused {out}")
+    with building(out) as tmp:
+        generate_sft_world(tmp, seed, world.per_domain, world.long_context, world.eval_fraction, entities)
+    _logger().info("SFT world written to %s", out)
     return str(out)
 
 
-@task(name="sft-curate", cache_policy=NO_CACHE)
+@task(**retrying("sft-curate"))
 def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str | None, base_dir: str,
                 workdir: str, tracker: Tracker | None = None, run_id: str | None = None) -> CuratedRef:
     """Curate every source (data/curate); log counts, reports, rejects and a reasons plot.
@@ -121,10 +117,11 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
     missing = [f"{s.name}: {paths[s.name]}" for s in sources if not paths[s.name].is_file()]
     if missing:
         raise FileNotFoundError(f"stages.sft.data.sources: file(s) not found: {'; '.join(missing)}")
-    inputs = [[s.model_dump(), file_digest(paths[s.name])] for s in sources]
-    digest = digest_of([inputs, cfg.model_dump(), SFT_DATA_VERSION])
-    root = Path(workdir) / "sft_data" / f"curated-{digest[:16]}"
-    if not (root / "summary.json").is_file():
+    root = step_dir(Path(workdir) / "sft_data", "curated", {"sources": sources, "curate": cfg, "version": SFT_DATA_VERSION},
+                    [file_digest(paths[s.name]) for s in sources])
+    digest = root.name.removeprefix("curated-")
+    reused = (root / "summary.json").is_file()
+    if not reused:
         try:
             with building(root) as tmp:
                 curate_sources(paths, sources, cfg, tmp, final=root)
@@ -134,8 +131,9 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
             raise
     summary = json.loads((root / "summary.json").read_text())
     _log_curation(summary, root, tracker, run_id)
-    return CuratedRef(root=str(root), digest=digest, files={s.name: str(root / f"{s.name}.jsonl") for s in sources},
-                      domains={s.name: s.domain_name for s in sources})
+    ref = CuratedRef(root=str(root), digest=digest, files={s.name: str(root / f"{s.name}.jsonl") for s in sources},
+                     domains={s.name: s.domain_name for s in sources})
+    return cached(ref, digest, f"SFT curation: reused {root}") if reused else ref
 
 
 def _log_curation(summary: dict, root: Path, tracker: Tracker | None, run_id: str | None) -> None:
@@ -163,7 +161,7 @@ def _log_curation(summary: dict, root: Path, tracker: Tracker | None, run_id: st
     tracker.log_figure(run_id, figure, "curation/reject_reasons.png")
 
 
-@task(name="sft-start", cache_policy=NO_CACHE)
+@task(**retrying("sft-start"))
 def sft_start_task(checkpoint: str, workdir: str) -> CheckpointRef:
     """The starting checkpoint as a chat model: the same weights, the chat template installed in
     its tokenizer and <|im_end|> added to generation_config's eos ids.
@@ -179,16 +177,18 @@ def sft_start_task(checkpoint: str, workdir: str) -> CheckpointRef:
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"SFT start checkpoint {src} is not a checkpoint directory (no config.json)")
     sha = (read_meta(src).weight_sha256 if (src / META_FILE).is_file() else None) or weights_sha256(src)
-    out = Path(workdir) / "sft_data" / f"start-{digest_of([sha, SFT_DATA_VERSION])[:16]}"
-    if not (out / "config.json").is_file():
+    out = step_dir(Path(workdir) / "sft_data", "start", {"version": SFT_DATA_VERSION}, [sha])
+    reused = (out / "config.json").is_file()
+    if not reused:
         with building(out) as tmp:
             make_chat_start(src, tmp)
     meta = read_meta(out) if (out / META_FILE).is_file() else None
-    return CheckpointRef(path=str(out), step=meta.step if meta else 0, tokens_seen=meta.tokens_seen if meta else 0,
-                         sha256=sha)
+    ref = CheckpointRef(path=str(out), step=meta.step if meta else 0, tokens_seen=meta.tokens_seen if meta else 0,
+                        sha256=sha)
+    return cached(ref, out.name.removeprefix("start-"), f"SFT start checkpoint: reused {out}") if reused else ref
 
 
-@task(name="sft-blend-pack", cache_policy=NO_CACHE)
+@task(**retrying("sft-blend-pack"))
 def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | None, tokenizer_dir: str,
                     seed: int, workdir: str, tracker: Tracker | None = None, run_id: str | None = None) -> PackedRef:
     """Sample sub-stage `sub`'s blend (+ its keep_previous share of `previous`), render with the
@@ -196,13 +196,15 @@ def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | 
     from data.atomic import building
     from data.sft_assembly import blend_and_pack, check_enough_packs, tokenizer_files
 
-    tok_digest = digest_of([file_digest(p) for p in tokenizer_files(tokenizer_dir)])
-    inputs = [curated.digest, sub.blend.model_dump(), sub.keep_previous, previous.digest if previous else None,
-              tok_digest, sub.seq_length, seed, index, SFT_DATA_VERSION]
-    digest = digest_of(inputs)
-    root = Path(workdir) / "sft_data" / f"packed-{sub.name}-{digest[:16]}"
+    tok_digest = step_hash("tokenizer", [file_digest(p) for p in tokenizer_files(tokenizer_dir)])
+    spec = {"blend": sub.blend, "keep_previous": sub.keep_previous, "seq_length": sub.seq_length, "seed": seed,
+            "index": index, "version": SFT_DATA_VERSION}
+    root = step_dir(Path(workdir) / "sft_data", f"packed-{sub.name}", spec,
+                    [curated.digest, previous.digest if previous else "", tok_digest])
+    digest = root.name.removeprefix(f"packed-{sub.name}-")
+    reused = (root / "report.json").is_file()
     try:
-        if not (root / "report.json").is_file():
+        if not reused:
             with building(root) as tmp:
                 blend_and_pack(curated.files, curated.domains, sub.blend, sub.seq_length, seed + index, tokenizer_dir,
                                tmp, previous_sample=previous.sample if previous else None,
@@ -214,7 +216,7 @@ def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | 
         check_enough_packs(ref.report, sub.seq_length, sub.global_batch)
     except SFTDataError as err:
         raise SFTDataError(f"stages.sft sub-stage {sub.name!r}: {err}") from None
-    return ref
+    return cached(ref, digest, f"SFT packs of {sub.name}: reused {root}") if reused else ref
 
 
 def _log_packing(name: str, ref: PackedRef, doc: dict, tracker: Tracker | None, run_id: str | None) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from data.config import PhaseConfig
@@ -21,6 +20,7 @@ from data.long_context_config import LongContextDataConfig
 from model.config import LoRAConfig, ModelConfig, TrainConfig
 from tasks.refs import CheckpointRef, PreparedRef
 from tasks.tracking import Tracker
+from tasks.policy import once
 
 
 class ShardData(BaseModel):
@@ -134,7 +134,7 @@ def build_trainer(spec: TrainSpec, log=None, on_warning=None, progress: bool = T
     return trainer, batches
 
 
-@task(name="train", cache_policy=NO_CACHE)
+@task(**once("train"))
 def train_task(
     spec: TrainSpec,
     label: str,

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from flows.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt, load
-from flows.cli.output import BadInput, emit, guarded, jsonable, print_tree
+from flows.cli.output import BadInput, emit, guarded
 
 def shipped_recipe(name: str) -> Path:
     """A recipe shipped with stagewise: next to the package (source checkout) or in ./recipes."""
@@ -21,6 +21,16 @@ def shipped_recipe(name: str) -> Path:
         if (root / "recipes" / name).is_file():
             return root / "recipes" / name
     raise BadInput(f"cannot find the shipped recipe recipes/{name} (looked next to the package and in {Path.cwd()})")
+
+
+def _closing(result: dict) -> None:
+    """The human ending of a run: the closing table, then where the results are."""
+    from flows.closing_table import render
+
+    typer.echo("\n" + render(result["stages"]))
+    typer.echo(f"\nResults are under {result['workdir']}; MLflow {result['tracking_uri']} "
+               f"(experiment '{result['experiment']}'); runtime {result['runtime']['device']}/"
+               f"{result['runtime']['precision']}.")
 
 
 def _run(loaded, stages: Optional[str], resume: bool) -> dict:
@@ -43,12 +53,18 @@ def run(
 ) -> None:
     """Run a recipe's stages as one Prefect flow, tracked in MLflow.
 
+    Ends with one row per stage: its target metric before -> after, tokens, wall time and
+    MLflow run id (`--json`: the same rows under "stages", each with its full result). A rerun
+    of an unchanged recipe trains nothing: finished steps are reused (Cached in Prefect).
+
     \b
     Example:
       stagewise run recipes/tiny.yaml --stages pretrain --set stages.pretrain.tokens=491520
+      stagewise run recipes/tiny.yaml --set runtime.device=cpu --json
     """
     loaded = load(recipe, overrides)
-    emit(_run(loaded, stages, resume), as_json)
+    result = _run(loaded, stages, resume)
+    emit(result, as_json, lambda: _closing(result))
 
 
 @guarded
@@ -73,8 +89,8 @@ def demo(
     result = {**result, "mlflow_ui": f"mlflow ui --backend-store-uri {uri}"}
 
     def text() -> None:
-        print_tree(jsonable(result))
-        typer.echo(f"\nResults are under {workdir}.\nOpen the MLflow UI:  {result['mlflow_ui']}"
+        _closing(result)
+        typer.echo(f"Open the MLflow UI:  {result['mlflow_ui']}"
                    f"  (then http://127.0.0.1:5000, experiment '{result.get('experiment', loaded.recipe.name)}')")
 
     emit(result, as_json, text)

@@ -63,8 +63,10 @@ def fake_pipeline(monkeypatch):
         print("progress chatter from the libraries")
         if loaded.recipe.seed == 666:
             raise RuntimeError("the loss went to NaN at step 3")
+        row = {"stage": "pretrain", "metric": "eval/validation/loss", "before": 8.3, "after": 3.0,
+               "higher_is_better": False, "tokens": 8192, "seconds": 12.5, "run_id": "abc123", "checkpoint": "/w/ckpt"}
         return {"recipe": loaded.recipe.name, "workdir": "/w", "tracking_uri": "sqlite:////w/mlflow.db",
-                "experiment": loaded.recipe.name, "stages": [{"stage": "pretrain", "checkpoint": "/w/ckpt"}]}
+                "experiment": loaded.recipe.name, "runtime": {"device": "cpu", "precision": "fp32"}, "stages": [row]}
 
     module.run_pipeline = run_pipeline
     monkeypatch.setitem(sys.modules, "flows.pipeline", module)
@@ -150,6 +152,23 @@ def test_run_passes_the_loaded_recipe_and_stages(fake_pipeline, tmp_path):
     assert loaded.recipe.seed == 3 and loaded.path == recipe.resolve() and stages == ["pretrain"] and resume
     assert json.loads(result.stdout)["stages"][0]["checkpoint"] == "/w/ckpt"  # stdout is only the JSON
     assert "progress chatter" in result.stderr
+
+
+def test_run_ends_with_the_closing_table(fake_pipeline, tmp_path):
+    result = invoke("run", str(small_recipe(tmp_path)))
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if line.startswith("pretrain"))
+    assert "eval/validation/loss" in row and "8.3 -> 3  (better)" in row and "8,192" in row and "abc123" in row
+
+
+def test_asking_for_cuda_on_a_cpu_machine_exits_2_naming_the_field(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = invoke("run", str(small_recipe(tmp_path)), "--set", "runtime.device=cuda")
+    assert result.exit_code == 2, result.output
+    assert "runtime.device: cuda was asked for but torch sees no CUDA device" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "work").exists()  # nothing started
 
 
 def test_run_rejects_unknown_and_future_stages_before_running(fake_pipeline, tmp_path):

@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flows.sft import Scores, SFTStartError, _finished, _write_handed_on, deltas, start_checkpoint
-from tasks.refs import CheckpointRef, StageResult
-
-
-def test_start_is_the_previous_stage_then_model_from_else_a_clear_error():
-    pre = StageResult(stage="pretrain", checkpoint="/ck/pre", run_id="r")
-    merged = StageResult(stage="merge", checkpoint="/ck/merged", run_id="m")
-    assert start_checkpoint([pre, merged], "/ck/from") == "/ck/merged"
-    assert start_checkpoint([], "/ck/from") == "/ck/from"
-    with pytest.raises(SFTStartError, match=r"--stages pretrain,sft.*or set model.from"):
-        start_checkpoint([], None)
+from flows.sft import Scores, deltas
+from tasks.refs import CheckpointRef
 
 
 def test_deltas_are_final_minus_base_for_scores_only():
@@ -63,13 +54,3 @@ def test_scores_evaluate_each_weights_once_and_copy_to_other_runs(monkeypatch):
     no_heldout = Scores(FakeTracker(), None, 40, 512)
     assert no_heldout(ckpt, None, None, "r") == {}
 
-
-def test_a_finished_substage_is_found_again(tmp_path):
-    ckpt_dir = tmp_path / "step-00000004"
-    ckpt_dir.mkdir()
-    ref = CheckpointRef(path=str(ckpt_dir), step=4, tokens_seen=16384, sha256="s")
-    assert _finished(tmp_path) is None
-    _write_handed_on(tmp_path, ref, {"action": "stop", "step": 4})
-    assert _finished(tmp_path) == (ref, {"action": "stop", "step": 4})
-    ckpt_dir.rmdir()
-    assert _finished(tmp_path) is None  # the checkpoint is gone: train again

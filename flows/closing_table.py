@@ -1,0 +1,59 @@
+"""The pipeline's closing table: one row per stage, its target metric before -> after, tokens,
+wall time and MLflow run id, so a person sees at a glance what each stage bought.
+
+`stagewise run` and `stagewise demo` print it (flows/cli/run.py); `--json` gives the same rows
+under "stages". The parent MLflow run keeps it as `reports/closing_table.json` and a chart,
+`reports/closing_table.png`. A stage adds its row by returning a StageResult with a summary.
+"""
+
+from __future__ import annotations
+
+from tasks.refs import StageResult
+from tasks.tracking import Tracker
+
+COLUMNS = ("stage", "metric", "before", "after", "higher_is_better", "tokens", "seconds", "run_id")
+
+
+def closing_rows(results: list[StageResult]) -> list[dict]:
+    """The table's rows (the COLUMNS of each stage; a stage without a summary has empty cells)."""
+    rows = []
+    for r in results:
+        s = r.summary
+        rows.append({"stage": r.stage, "metric": s.metric if s else None, "before": s.before if s else None,
+                     "after": s.after if s else None, "higher_is_better": s.higher_is_better if s else None,
+                     "tokens": s.tokens if s else 0, "seconds": s.seconds if s else None, "run_id": r.run_id,
+                     "reused": r.reused})
+    return rows
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def render(rows: list[dict]) -> str:
+    """The table as aligned text, with a direction mark on each change (good, bad, none)."""
+    header = ["stage", "metric", "before -> after", "tokens", "time", "MLflow run"]
+    lines = [header]
+    for r in rows:
+        change = f"{_num(r['before'])} -> {_num(r['after'])}"
+        if r["before"] is not None and r["after"] is not None and r["after"] != r["before"]:
+            up = r["after"] > r["before"]
+            change += "  (better)" if up == bool(r["higher_is_better"]) else "  (worse)"
+        seconds = "-" if r["seconds"] is None else f"{r['seconds']:.0f} s"
+        lines.append([r["stage"] + (" (reused)" if r.get("reused") else ""), r["metric"] or "-", change,
+                      f"{r['tokens']:,}", seconds, r["run_id"]])
+    widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
+    out = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult]) -> list[dict]:
+    """Keep the table in the pipeline's MLflow run: JSON rows and a chart."""
+    from eval.plots import stage_summary_plot
+
+    rows = closing_rows(results)
+    tracker.log_json(run_id, {"stages": rows}, "reports/closing_table.json")
+    tracker.log_text(run_id, render(rows) + "\n", "reports/closing_table.txt")
+    tracker.log_figure(run_id, stage_summary_plot(rows), "reports/closing_table.png")
+    return rows

@@ -1,0 +1,29 @@
+"""Every stage the pipeline can run, in pipeline order: one line per stage.
+
+A stage is a module with its flow, its inputs model and a `STAGE_ENTRY` (flows/stage.py);
+adding one is that module plus a line here. The order must follow the design's STAGE_ORDER.
+"""
+
+from __future__ import annotations
+
+from flows import long_context, merge, pretrain, sft
+from flows.recipe import STAGE_ORDER
+from flows.stage import Stage
+
+REGISTRY: tuple[Stage, ...] = (
+    pretrain.STAGE_ENTRY,
+    merge.STAGE_ENTRY,
+    long_context.STAGE_ENTRY,
+    sft.STAGE_ENTRY,
+)
+
+assert [s.name for s in REGISTRY] == [n for n in STAGE_ORDER if n in {s.name for s in REGISTRY}], \
+    "flows/registry.py must list stages in STAGE_ORDER"
+
+
+def registered(name: str) -> Stage:
+    """The registry entry of stage `name` (KeyError when this version has none)."""
+    for entry in REGISTRY:
+        if entry.name == name:
+            return entry
+    raise KeyError(name)

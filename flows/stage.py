@@ -1,0 +1,170 @@
+"""The stage contract: what every stage flow receives, returns and does at its edges.
+
+    flow(ctx: StageContext, block: <Stage>Inputs, upstream: Upstream) -> StageResult
+
+- `ctx` is the run's common ground: workdir, base dir (relative paths in the recipe resolve
+  against it), seed, recipe hash, tracker, parent MLflow run, --resume, and the resolved
+  runtime (device, precision).
+- `block` is a small pydantic model holding the stage's recipe block and the few recipe-level
+  settings it reads (a stage never receives the whole recipe); `Stage.select` builds it.
+- `upstream` holds the results of the stages that ran before it in this pipeline run.
+
+Every stage opens its MLflow run with `stage_run` (runtime logged as params), names its
+output with a content-addressed step (tasks/steps.py), asks `reused_result` first (a finished
+step is handed back as a Prefect Cached task run and its recorded metrics are re-logged), and
+ends with `finish` (marker written last, checkpoint registered under the stage's alias). A
+new stage is one module that defines its flow, its inputs and a `Stage`, plus one line in
+flows/registry.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from model.runtime import Runtime
+from tasks.refs import CheckpointRef, StageResult
+from tasks.steps import finished, mark_finished, reuse
+from tasks.tracking import STAGE_TAG, Tracker
+
+REUSED_TAG = "stagewise.reused"
+STAGE_DIR_TAG = "stagewise.stage_dir"
+
+
+class StageContext(BaseModel):
+    """What every stage of one pipeline run shares."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    workdir: str
+    base_dir: str
+    """The recipe file's directory: relative paths in the recipe resolve against it."""
+    seed: int
+    recipe_hash: str
+    tracker: Tracker
+    parent_run_id: str | None = None
+    resume: bool = False
+    runtime: Runtime = Runtime()
+
+    @property
+    def stages_root(self) -> Path:
+        """Where stage steps live: `<workdir>/stages/`."""
+        return Path(self.workdir) / "stages"
+
+
+class Upstream(BaseModel):
+    """Results of the stages that ran earlier in this pipeline run, in order."""
+
+    results: list[StageResult] = []
+
+    def of(self, stage: str) -> StageResult | None:
+        return next((r for r in reversed(self.results) if r.stage == stage), None)
+
+    def last(self) -> StageResult | None:
+        return self.results[-1] if self.results else None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage as the pipeline sees it (one entry of flows/registry.py)."""
+
+    name: str
+    flow: Callable[..., StageResult]
+    """The Prefect flow: flow(ctx, block, upstream) -> StageResult."""
+    select: Callable[..., BaseModel | None]
+    """recipe -> the flow's `block` (None when the recipe has no block for this stage)."""
+    needs: tuple[str, ...] = ()
+    """Stages whose results this one reads: they must run in the same pipeline run."""
+    start: Literal["none", "handed_on"] = "none"
+    """handed_on: starts from the checkpoint the previous stage handed on, else `model.from`."""
+
+
+@contextmanager
+def stage_run(ctx: StageContext, name: str, tags: dict[str, str] | None = None) -> Iterator[str]:
+    """The stage's MLflow run (nested under the pipeline's), with the runtime logged as params."""
+    with ctx.tracker.run(name, {STAGE_TAG: name.split("/")[0], **(tags or {})}, ctx.parent_run_id) as run_id:
+        ctx.tracker.log_params(run_id, ctx.runtime.params())
+        yield run_id
+
+
+def reused_result(ctx: StageContext, stage: str, run_id: str, out_dir: Path) -> StageResult | None:
+    """A finished step's result, handed back as Cached in Prefect and re-logged to `run_id`; else None."""
+    record = finished(out_dir)
+    if record is None or not Path(record["result"]["checkpoint"]).exists():
+        return None
+    record = reuse(stage, out_dir, record)
+    result = StageResult.model_validate({**record["result"], "run_id": run_id, "reused": True})
+    step, tokens = record.get("at", (0, 0))
+    ctx.tracker.set_tags(run_id, {REUSED_TAG: "true", STAGE_DIR_TAG: str(out_dir),
+                                  "stagewise.reused_from_run": record["result"]["run_id"]})
+    if record.get("metrics"):
+        ctx.tracker.log_metrics(run_id, [(step, tokens, record["metrics"])])
+    ctx.tracker.register_checkpoint(ctx.tracker.experiment, Path(result.checkpoint), run_id, alias=stage)
+    return result
+
+
+def finish(ctx: StageContext, out_dir: Path, result: StageResult, metrics: dict[str, float] | None = None,
+           at: tuple[int, int] = (0, 0)) -> StageResult:
+    """Register the handed-on checkpoint and write the step's finish marker (last).
+
+    `metrics` (MLflow names) at `at` = (step, tokens) are what a rerun re-logs when it reuses the step."""
+    ctx.tracker.register_checkpoint(ctx.tracker.experiment, Path(result.checkpoint), result.run_id, alias=result.stage)
+    mark_finished(out_dir, {"result": result.model_dump(mode="json"), "metrics": metrics or {}, "at": list(at),
+                            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    return result
+
+
+class StageStateError(RuntimeError):
+    """A step directory holds an interrupted run and --resume was not given."""
+
+
+def resume_point(out_dir: Path, resume: bool) -> CheckpointRef | None:
+    """Where an unfinished step continues: nothing (a fresh start), or with --resume its latest checkpoint.
+
+    A step with checkpoints but no finish marker was interrupted; continuing it silently could
+    mix two recipes' weights, so it needs --resume (exit 1 naming the directory otherwise)."""
+    from model.checkpoint import latest_checkpoint, read_meta
+
+    latest = latest_checkpoint(out_dir)
+    if latest is None:
+        return None
+    meta = read_meta(latest)
+    if not resume:
+        raise StageStateError(
+            f"{out_dir} holds an interrupted run (last checkpoint at {meta.tokens_seen:,} tokens); "
+            "pass --resume to continue it, or delete the directory to start over")
+    return CheckpointRef(path=str(latest), step=meta.step, tokens_seen=meta.tokens_seen, sha256=meta.weight_sha256 or "")
+
+
+def checkpoint_hash(path: str | Path) -> str:
+    """What identifies a checkpoint as a step input: its weights' sha256 (the path when it has none)."""
+    from model.checkpoint import read_meta
+
+    try:
+        return read_meta(path).weight_sha256 or str(path)
+    except FileNotFoundError:  # a plain Hugging Face checkpoint (model.from) has no stagewise.json
+        return str(Path(path).resolve())
+
+
+NO_START = ("needs a checkpoint to start from: run it after pretraining (--stages pretrain,<stage>; a finished, "
+            "unchanged pretrain stage is reused without training) or set model.from to a checkpoint directory")
+
+
+class StartError(ValueError):
+    """A stage that fine-tunes has no checkpoint to start from."""
+
+
+def start_checkpoint(upstream: Upstream, model_from: str | None) -> str:
+    """What a `start="handed_on"` stage trains: the checkpoint the previous stage handed on, else `model.from`."""
+    last = upstream.last()
+    if last is not None:
+        return last.checkpoint
+    if model_from:
+        return model_from
+    raise StartError(NO_START)

@@ -1,0 +1,102 @@
+"""The stage contract's plain parts: upstream results, where a stage starts, resume, finish and reuse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.stage import (StageContext, StageStateError, StartError, Upstream, checkpoint_hash, finish, resume_point,
+                         reused_result, start_checkpoint)
+from model.runtime import Runtime
+from tasks.refs import StageResult, StageSummary
+from tasks.steps import finished
+from tasks.tracking import Tracker
+
+
+def _ckpt(root: Path, step: int, tokens: int) -> Path:
+    d = root / f"step-{step:08d}"
+    d.mkdir(parents=True)
+    (d / "stagewise.json").write_text(json.dumps({"stage": "pretrain", "step": step, "tokens_seen": tokens,
+                                                  "recipe_hash": "r", "weight_sha256": f"sha{step}"}))
+    return d
+
+
+def test_upstream_finds_a_stage_and_the_last_one():
+    pre = StageResult(stage="pretrain", checkpoint="/ck/pre", run_id="r")
+    merged = StageResult(stage="merge", checkpoint="/ck/merged", run_id="m")
+    up = Upstream(results=[pre, merged])
+    assert up.of("pretrain") is pre and up.last() is merged and up.of("sft") is None
+    assert Upstream().last() is None
+
+
+def test_start_is_the_previous_stage_then_model_from_else_a_clear_error():
+    up = Upstream(results=[StageResult(stage="merge", checkpoint="/ck/merged", run_id="m")])
+    assert start_checkpoint(up, "/ck/from") == "/ck/merged"
+    assert start_checkpoint(Upstream(), "/ck/from") == "/ck/from"
+    with pytest.raises(StartError, match=r"--stages pretrain,<stage>.*or set model.from"):
+        start_checkpoint(Upstream(), None)
+
+
+def test_an_interrupted_step_continues_only_with_resume(tmp_path):
+    assert resume_point(tmp_path / "fresh", resume=False) is None
+    _ckpt(tmp_path, 4, 16384)
+    _ckpt(tmp_path, 8, 32768)
+    with pytest.raises(StageStateError, match=r"interrupted run \(last checkpoint at 32,768 tokens\); pass --resume"):
+        resume_point(tmp_path, resume=False)
+    ref = resume_point(tmp_path, resume=True)
+    assert (ref.step, ref.tokens_seen, ref.sha256) == (8, 32768, "sha8")
+
+
+def test_a_checkpoint_is_identified_by_its_weights(tmp_path):
+    assert checkpoint_hash(_ckpt(tmp_path, 1, 10)) == "sha1"
+    plain = tmp_path / "hf"
+    plain.mkdir()
+    assert checkpoint_hash(plain) == str(plain.resolve())  # a plain HF checkpoint: its place
+
+
+class RecordingTracker(Tracker):
+    def __new__(cls, *a, **k):
+        return object.__new__(cls)
+
+    def __init__(self):
+        object.__setattr__(self, "calls", [])
+        object.__setattr__(self, "experiment", "exp")
+
+    def register_checkpoint(self, name, path, run_id, alias):
+        self.calls.append(("register", str(path), run_id, alias))
+
+    def set_tags(self, run_id, tags):
+        self.calls.append(("tags", run_id, tags))
+
+    def log_metrics(self, run_id, records):
+        self.calls.append(("metrics", run_id, list(records)))
+
+
+def test_finish_marks_the_step_and_a_rerun_reuses_it(tmp_path, monkeypatch):
+    monkeypatch.setattr("flows.stage.reuse", lambda kind, directory, record: record)  # Prefect's side: e2e tests
+    tracker = RecordingTracker()
+    ctx = StageContext(workdir=str(tmp_path), base_dir=".", seed=1, recipe_hash="h", tracker=tracker,
+                       runtime=Runtime())
+    out = tmp_path / "stages" / "pretrain-abc"
+    ckpt = _ckpt(out, 3, 300)
+    assert reused_result(ctx, "pretrain", "run-2", out) is None  # not finished yet
+    summary = StageSummary(metric="eval/validation/loss", before=8.3, after=3.0, tokens=300)
+    result = StageResult(stage="pretrain", checkpoint=str(ckpt), run_id="run-1", summary=summary)
+    finish(ctx, out, result, {"eval/validation/loss": 3.0}, at=(3, 300))
+    assert finished(out)["result"]["run_id"] == "run-1"
+    again = reused_result(ctx, "pretrain", "run-2", out)
+    assert again.reused and again.run_id == "run-2" and again.checkpoint == str(ckpt) and again.summary == summary
+    assert ("metrics", "run-2", [(3, 300, {"eval/validation/loss": 3.0})]) in tracker.calls
+    tags = next(c[2] for c in tracker.calls if c[0] == "tags")
+    assert tags["stagewise.reused"] == "true" and tags["stagewise.reused_from_run"] == "run-1"
+    assert ("register", str(ckpt), "run-2", "pretrain") in tracker.calls
+
+
+def test_a_finished_step_whose_checkpoint_is_gone_runs_again(tmp_path, monkeypatch):
+    monkeypatch.setattr("flows.stage.reuse", lambda kind, directory, record: record)
+    ctx = StageContext(workdir=str(tmp_path), base_dir=".", seed=1, recipe_hash="h", tracker=RecordingTracker())
+    out = tmp_path / "merge-x"
+    finish(ctx, out, StageResult(stage="merge", checkpoint=str(tmp_path / "gone"), run_id="r"))
+    assert reused_result(ctx, "merge", "r2", out) is None
