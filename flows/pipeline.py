@@ -107,7 +107,8 @@ def run_pipeline(loaded: LoadedRecipe, stages: list[str] | None = None, resume: 
     chosen = chosen_stages(loaded.recipe, stages)
     check_starts(loaded.recipe, [s.name for s in chosen])  # bad input fails before Prefect starts
     runtime = runtime_of(loaded)
-    results = pipeline_flow(loaded.recipe, str(loaded.path.parent.resolve()), stages, resume, runtime)
+    state = pipeline_flow(loaded.recipe, str(loaded.path.parent.resolve()), stages, resume, runtime, return_state=True)
+    results = state.result()
     workdir = Path(loaded.recipe.workdir).resolve()
     tracker = tracker_for(loaded.recipe, workdir)
     return {
@@ -115,6 +116,7 @@ def run_pipeline(loaded: LoadedRecipe, stages: list[str] | None = None, resume: 
         "workdir": str(workdir),
         "tracking_uri": tracker.uri,
         "experiment": tracker.experiment,
+        "prefect_flow_run_id": str(state.state_details.flow_run_id),
         "runtime": runtime.model_dump(),
         "stages": [row | r.model_dump(exclude={"summary"}) for row, r in zip(closing_rows(results), results)],
     }

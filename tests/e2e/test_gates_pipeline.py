@@ -105,3 +105,16 @@ def test_gate_that_never_holds_fails_the_run_with_its_evidence(cli, tiny_pretrai
     error = json.loads(proc.stdout[proc.stdout.index("{"):])["error"]
     assert "GateFailed: stage sft/gated: gate failed: budget exhausted at 16384 tokens" in error
     assert "eval/sft_heldout/exact_match = " in error and ">= 0.99" in error
+
+
+@pytest.mark.slow
+def test_a_gate_stopped_stage_reruns_cleanly(early_stop, cli, tiny_pretrain):
+    """The stopped sub-stage is a finished step: a plain rerun hands on the same checkpoint and decision."""
+    summary, workdir = early_stop
+    proc = cli("run", str(workdir.parent / "gated.yaml"), "--stages", "sft",
+               *cli.sets(f"workdir={workdir}", f"model.from={tiny_pretrain.checkpoint}"), "--json")
+    again = cli.summary(proc)["stages"][0]
+    first = summary["stages"][0]
+    assert again["reused"] and again["run_id"] != first["run_id"]
+    assert again["checkpoint"] == first["checkpoint"] and again["gate"] == first["gate"]
+    assert (again["before"], again["after"]) == (first["before"], first["after"])

@@ -45,18 +45,72 @@ def pipeline_run(tmp_path_factory):
     return workdir, _run(_command(workdir, "pretrain,merge,long_context"))
 
 
+def _task_runs(flow_run_id: str) -> list:
+    """Every task run of a pipeline flow run and its stage subflows, read through the Prefect API."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+
+    async def read() -> list:
+        async with get_client() as client:
+            children = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+            ids = [flow_run_id, *(str(f.id) for f in children)]
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+
+    return asyncio.run(read())
+
+
 @pytest.mark.slow
-def test_a_rerun_reuses_pretraining_and_the_merge_decision(pipeline_run):
-    """Nothing is trained or merged again: the same checkpoint is handed on, both runs say reused."""
+def test_a_rerun_trains_nothing_and_prefect_reports_the_steps_cached(pipeline_run):
+    """Nothing is trained, merged or evaluated again: the same checkpoints are handed on, every stage
+    run says reused, the whole rerun takes under a minute, and Prefect shows each reused step as Cached
+    with its step hash as the cache key."""
+    import time
+
     from mlflow import MlflowClient
 
     workdir, first = pipeline_run
-    again = _run(_command(workdir, "pretrain,merge"))
-    assert [s["checkpoint"] for s in again["stages"]] == [s["checkpoint"] for s in first["stages"][:2]]
+    started = time.monotonic()
+    again = _run(_command(workdir, "pretrain,merge,long_context"))
+    seconds = time.monotonic() - started
+    assert seconds < 60, f"the rerun took {seconds:.0f} s"
+    assert [s["checkpoint"] for s in again["stages"]] == [s["checkpoint"] for s in first["stages"]]
     client = MlflowClient(tracking_uri=again["tracking_uri"])
     for stage in again["stages"]:
         assert client.get_run(stage["run_id"]).data.tags.get("stagewise.reused") == "true", stage["stage"]
+        assert stage["reused"]
     assert again["stages"][1]["metrics"] == first["stages"][1]["metrics"]
+    assert [(s["before"], s["after"]) for s in again["stages"]] == [(s["before"], s["after"]) for s in first["stages"]]
+    runs = _task_runs(again["prefect_flow_run_id"])
+    names = [r.name.rsplit("-", 1)[0] for r in runs]
+    assert "train" not in names and "validation-loss" not in names and "needle-eval" not in names, names
+    reused = [r for r in runs if r.name.startswith("reuse-step")]
+    assert len(reused) == 3 and all(r.state.name == "Cached" and r.state.is_completed() for r in reused)
+    keyed = {f"{r.state.message.split(':')[0]}-{r.state.state_details.cache_key}" for r in reused}
+    assert keyed == {Path(s["stage_dir"]).name for s in again["stages"]}  # Prefect's key names the directory
+    data = [r for r in runs if r.name.startswith("prepare-data")]
+    assert len(data) == 1 and data[0].state.name == "Cached"
+
+
+@pytest.mark.slow
+def test_the_pipeline_run_keeps_the_closing_table(pipeline_run):
+    from mlflow import MlflowClient
+
+    _, summary = pipeline_run
+    client = MlflowClient(tracking_uri=summary["tracking_uri"])
+    parent = client.get_run(summary["stages"][0]["run_id"]).data.tags["mlflow.parentRunId"]
+    assert {a.path for a in client.list_artifacts(parent, "reports")} >= {
+        "reports/closing_table.json", "reports/closing_table.png", "reports/closing_table.txt"}
+    table = json.loads(Path(client.download_artifacts(parent, "reports/closing_table.json")).read_text())
+    assert [r["stage"] for r in table["stages"]] == ["pretrain", "merge", "long_context"]
+    pre = summary["stages"][0]
+    assert pre["metric"] == "eval/validation/loss" and pre["before"] > pre["after"] + 1.0  # untrained -> trained
+    assert pre["tokens"] == TOKENS // 4096 * 4096 and pre["seconds"] > 0
+    for row, stage in zip(table["stages"], summary["stages"]):
+        assert {k: row[k] for k in ("metric", "before", "after", "tokens", "run_id")} == \
+               {k: stage[k] for k in ("metric", "before", "after", "tokens", "run_id")}
 
 
 @pytest.mark.slow
