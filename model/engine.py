@@ -11,7 +11,8 @@ objective, measure the gradient (pre-clip norm, exact zeros) and weights, refuse
 clip, AdamW. Metrics are buffered and handed to `log` every monitor.log_every_steps steps
 as [(step, tokens_seen, {name: value})], never one call per scalar. Checkpoints: at the
 first step boundary at or past every multiple of checkpoint_every_tokens, and at the end
-of each fit(); `resume` restores everything needed to continue bit-for-bit on the CPU.
+of each fit(); `resume` restores everything needed to continue bit-for-bit on the CPU
+(same torch build and thread count: `numerics()`; tests/model/test_exact_resume.py).
 
 The batch source is duck-typed: next_batch() -> LongTensor [global_batch, seq_length + 1],
 state_dict(), load_state_dict(). A source that raises StopIteration or an exception named
@@ -20,6 +21,7 @@ DataExhausted (data/loader.py) ends the fit early with stop_reason "data_exhaust
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import weakref
@@ -38,6 +40,8 @@ from model.progress import TrainProgress
 from model.rng import capture_rng, restore_rng
 from model.schedules import lr_at
 from model.step import accumulate, collect, grad_stats, resolve_precision
+
+log = logging.getLogger(__name__)
 
 LogFn = Callable[[list[tuple[int, int, dict[str, float]]]], None]
 
@@ -64,6 +68,13 @@ class FitResult:
     """The last step's metrics."""
     stop_reason: str = "budget"
     """budget (the stage's tokens are done), until_tokens (the chunk asked for), data_exhausted."""
+
+
+def numerics() -> dict[str, Any]:
+    """What, besides the checkpoint, decides the bits a CPU step computes: the torch build and
+    its intra-op thread count (a kernel may split a reduction by thread). Recorded in every
+    checkpoint; a resume under different numerics warns instead of silently differing."""
+    return {"torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
 def _is_exhausted(err: BaseException) -> bool:
@@ -257,21 +268,34 @@ class Trainer:
             extra["mtp"] = {"num_heads": mtp.num_heads, "loss_weight": mtp.loss_weight}
         return extra
 
+    def weights_for_checkpoint(self) -> torch.nn.Module:
+        """Hook: the module whose weights a checkpoint holds (`save_pretrained` is called on it).
+        The trained model itself here; a LoRA trainer returns a merged copy (model/lora.py)."""
+        return self.model
+
+    def state_to_save(self) -> dict[str, Any]:
+        """Hook: extra tensors (plain types) a subclass needs to resume, stored beside the
+        monitors' state in trainer_state/monitors.pt and read back by `_load_weights`."""
+        return {}
+
     def save(self) -> Path:
         """Write a resumable checkpoint `out_dir/step-XXXXXXXX`, then prune old ones."""
         meta = ck.CheckpointMeta(
             self.stage, self.step, self.tokens_seen, self.recipe_hash, self.parent, extra=self._meta_extra()
         )
+        monitors = {"routing": self.routing.state_dict()} if self.routing is not None else {}
         state = ck.TrainerState(
             optimizer=self.optimizer.state_dict(),
-            progress={"step": self.step, "tokens_seen": self.tokens_seen},
+            progress={"step": self.step, "tokens_seen": self.tokens_seen, "numerics": numerics()},
             rng=capture_rng(),
             loader=self.batches.state_dict() if hasattr(self.batches, "state_dict") else None,
-            monitors={"routing": self.routing.state_dict()} if self.routing is not None else {},
+            monitors=monitors | self.state_to_save(),
         )
+        weights = self.weights_for_checkpoint()
         path = ck.save_checkpoint(
-            self.out_dir / f"step-{self.step:08d}", self.model, self.tokenizer_dir, meta, state
+            self.out_dir / f"step-{self.step:08d}", weights, self.tokenizer_dir, meta, state
         )
+        del weights  # a merged copy is freed before training goes on
         self.last_checkpoint, self._saved_step, self.parent = path, self.step, str(path)
         self._prune()
         return path
@@ -299,6 +323,10 @@ class Trainer:
             raise ValueError(f"{ckpt_dir} has no trainer_state/: it is not a resumable checkpoint")
         if meta.stage != self.stage:
             raise ValueError(f"{ckpt_dir} belongs to stage {meta.stage!r}, not {self.stage!r}")
+        saved, now = state.progress.get("numerics"), numerics()
+        if saved is not None and saved != now:
+            log.warning("resuming %s written with %s under %s: CPU results may differ in the last bits "
+                        "from an uninterrupted run (different kernels or reduction splits)", ckpt_dir, saved, now)
         self._load_weights(ckpt_dir, state)
         self.optimizer.load_state_dict(state.optimizer)
         self.step = int(state.progress["step"])

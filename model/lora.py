@@ -86,30 +86,20 @@ def lora_trainer_class():
     """model.engine.Trainer for a peft-wrapped model: every checkpoint is the *merged* plain
     model (loadable by AutoModelForCausalLM, evaluable, hand-off-able), and the adapters ride
     in the trainer state, so `resume` continues exactly (the base weights are the stage's
-    starting checkpoint, which the wrapped model was built from)."""
-    from model import checkpoint as ck
+    starting checkpoint, which the wrapped model was built from). It changes only the
+    engine's hooks: what a checkpoint's weights are, what extra state it keeps, how resume
+    puts the weights back; `Trainer.save` itself is not copied."""
     from model.engine import Trainer
-    from model.rng import capture_rng, restore_rng
 
     class LoRATrainer(Trainer):
-        def save(self):
-            plain = merged_copy(self.model)
-            meta = ck.CheckpointMeta(self.stage, self.step, self.tokens_seen, self.recipe_hash, self.parent,
-                                     extra={**self._meta_extra(), "lora": True})
-            monitors = {"routing": self.routing.state_dict()} if self.routing is not None else {}
-            monitors[LORA_STATE] = adapter_state(self.model)
-            state = ck.TrainerState(
-                optimizer=self.optimizer.state_dict(),
-                progress={"step": self.step, "tokens_seen": self.tokens_seen},
-                rng=capture_rng(),
-                loader=self.batches.state_dict() if hasattr(self.batches, "state_dict") else None,
-                monitors=monitors,
-            )
-            path = ck.save_checkpoint(self.out_dir / f"step-{self.step:08d}", plain, self.tokenizer_dir, meta, state)
-            del plain
-            self.last_checkpoint, self._saved_step, self.parent = path, self.step, str(path)
-            self._prune()
-            return path
+        def weights_for_checkpoint(self):
+            return merged_copy(self.model)
+
+        def state_to_save(self):
+            return {LORA_STATE: adapter_state(self.model)}
+
+        def _meta_extra(self):
+            return {**super()._meta_extra(), "lora": True}
 
         def _load_weights(self, ckpt_dir, state):
             if LORA_STATE not in state.monitors:
