@@ -151,7 +151,11 @@ def read_parquet(path: Path, field: str) -> Iterator[str]:
             return
         except Exception as e:  # a truncated or corrupt row group
             raise SourceError(f"{path}: unreadable after row {row} ({e})") from None
-        for value in batch.column(0).to_pylist():
+        try:
+            values = batch.column(0).to_pylist()
+        except Exception as e:  # a corrupt page: bytes that are not UTF-8, bad offsets
+            raise SourceError(f"{path}: rows {row + 1}-{row + batch.num_rows}: unreadable ({e})") from None
+        for value in values:
             row += 1
             if value is not None and value.strip():
                 yield value

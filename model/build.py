@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, NemotronHConfig, NemotronHForCausalLM
 
+from model.checkpoint_check import check_checkpoint
 from model.config import ModelConfig
 from model.mtp import MTPHeads, attach_mtp, mtp_state_dict, read_mtp_settings
 from model.presets import preset_kwargs
@@ -60,6 +61,7 @@ def _resolve_vocab(preset_vocab: int | None, tokenizer_vocab: int | None, source
 def build_hf_config(cfg: ModelConfig, vocab_size: int | None) -> NemotronHConfig:
     """NemotronHConfig for `cfg`: the checkpoint's config for `from`, else preset + overrides."""
     if cfg.from_ is not None:
+        check_checkpoint(cfg.from_, weights=False)  # a missing or broken config.json is bad input (exit 2)
         config = AutoConfig.from_pretrained(cfg.from_)
         if not isinstance(config, NemotronHConfig):
             raise ValueError(f"model.from: {cfg.from_} holds a {type(config).__name__}, not a NemotronH config")
@@ -94,6 +96,7 @@ def build_model(cfg: ModelConfig, vocab_size: int | None, seed: int, device: str
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if cfg.from_ is not None:
+            check_checkpoint(cfg.from_)  # truncated or mismatched weights are bad input, not a traceback
             model = load_model(cfg.from_)
             _resolve_vocab(model.config.vocab_size, vocab_size, f"checkpoint {cfg.from_}")
             have = model.mtp.num_heads if isinstance(getattr(model, "mtp", None), MTPHeads) else 0

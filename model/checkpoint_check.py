@@ -22,6 +22,7 @@ from data.errors import BadInput, decode_utf8
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+META = "stagewise.json"
 TOKENIZER_FILES = ("tokenizer.json",)
 MODEL_TYPE = "nemotron_h"
 _MAX_HEADER = 100 * 1024 * 1024
@@ -169,7 +170,8 @@ def check_weights(root: Path, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_tokenizer(root: Path) -> None:
-    """A tokenizer directory: tokenizer.json present and loadable by `tokenizers`."""
+    """A tokenizer directory: tokenizer.json loadable by `tokenizers`, its JSON side files parsable,
+    and tokenizer_config.json naming an eos token the vocabulary has."""
     if not root.is_dir():
         raise BadInput(f"{root}: not a tokenizer directory")
     path = root / TOKENIZER_FILES[0]
@@ -179,19 +181,51 @@ def check_tokenizer(root: Path) -> None:
 
     try:
         text = decode_utf8(path.read_bytes(), str(path))
-        Tokenizer.from_str(text)
+        tok = Tokenizer.from_str(text)
     except BadInput:
         raise
     except Exception as e:  # tokenizers raises its own Exception type for a bad file
         raise BadInput(f"{path}: not a loadable tokenizer ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})") from None
-    cfg = root / "tokenizer_config.json"
-    if cfg.is_file():
-        read_json_object(cfg)
+    docs = {name: read_json_object(root / name)  # transformers reads these too when it loads the tokenizer
+            for name in ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", CONFIG)
+            if (root / name).is_file()}
+    eos = docs.get("tokenizer_config.json", {}).get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if not isinstance(eos, str) or tok.token_to_id(eos) is None:
+        raise BadInput(f"{root / 'tokenizer_config.json'}: eos_token must name a token of {path.name} "
+                       f"(every document ends with one); got {eos!r}")
 
 
 def has_weights(root: str | Path) -> bool:
     """Does the directory hold weights at all (a config-only directory can still be sized)?"""
     return (Path(root) / SINGLE).exists() or (Path(root) / INDEX).exists()
+
+
+def check_meta(path: Path) -> dict[str, Any]:
+    """stagewise.json: a JSON object whose fields merging, resume and MTP read have their types."""
+    meta = read_json_object(path)
+    problems = []
+    for key in ("step", "tokens_seen"):
+        v = meta.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            problems.append(f"{path}: {key} must be a whole number >= 0; got {v!r}")
+    for key in ("weight_sha256", "stage", "recipe_hash", "parent"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            problems.append(f"{path}: {key} must be a string; got {meta[key]!r}")
+    for key in ("extra", "mtp"):
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            problems.append(f"{path}: {key} must be a mapping; got {meta[key]!r}")
+    mtp = meta.get("mtp") or (meta.get("extra") or {}).get("mtp") if isinstance(meta.get("extra") or {}, dict) else None
+    if mtp:
+        from model.config import MTPConfig
+
+        try:
+            MTPConfig.model_validate(mtp)
+        except Exception as e:  # pydantic's ValidationError, or a non-mapping
+            problems.append(f"{path}: mtp is not a valid MTP setting: {str(e).splitlines()[0]}")
+    if problems:
+        raise BadInput(problems, f"{path.parent} has a broken {META}:")
+    return meta
 
 
 def check_checkpoint(path: str | Path, weights: bool = True, tokenizer: bool = False,
@@ -206,8 +240,8 @@ def check_checkpoint(path: str | Path, weights: bool = True, tokenizer: bool = F
     if not root.is_dir():
         raise BadInput(f"{root}: not a checkpoint directory ({'a file' if root.exists() else 'does not exist'})")
     config = check_config(root, nemotron)
-    if (root / "stagewise.json").is_file():
-        read_json_object(root / "stagewise.json")
+    if (root / META).is_file():
+        check_meta(root / META)
     if weights:
         check_weights(root, config)
     if tokenizer:
