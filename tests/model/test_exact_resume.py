@@ -123,6 +123,32 @@ def test_mtp_and_accumulation_resume_is_bit_identical(tmp_path, model_factory, b
     assert_identical(straight, resumed)
 
 
+def test_long_context_resume_is_bit_identical(tmp_path, model_factory):
+    """data.long_context.LongContextBatches: a step is GLOBAL x SEQ tokens of mixed lengths."""
+    from data.long_context import LongContextBatches
+    from data.long_context_config import LongContextDataConfig
+    from data.shards import TokenShard, write_shard
+
+    rng = np.random.default_rng(1)
+    shards = {}
+    for name, n in (("a", 30), ("b", 20)):
+        docs = [np.append((rng.integers(3, 256) + np.arange(rng.integers(20, 140)) * 3) % 253 + 3, 2) for _ in range(n)]
+        shards[name] = write_shard(tmp_path / f"lc-{name}", docs, vocab_size=256, eos_id=2).path
+    data_cfg = LongContextDataConfig(lengths=[{"length": 2 * SEQ, "share": 0.5}, {"length": SEQ, "share": 0.5}],
+                                     global_batch_tokens=TPS, micro_batch_tokens=TPS // 2, lookahead_docs=8)
+
+    def make(cfg, out, seed):
+        source = LongContextBatches({k: TokenShard.open(v) for k, v in shards.items()}, data_cfg,
+                                    {"a": 0.6, "b": 0.4}, seed=3)
+        return Trainer(model_factory(seed=seed), cfg, source, LMObjective(cfg.lb_loss_coeff), out, "long_context",
+                       None, "hash", progress=False)
+
+    straight, resumed = straight_then_resumed(make, steps=6, every=2, resume_at=2, tmp_path=tmp_path,
+                                              schedule={"kind": "constant"})
+    assert_identical(straight, resumed)
+    assert resumed.batches.state_dict() == straight.batches.state_dict()
+
+
 # ---------------------------------------------------------------- packed SFT data path
 
 
