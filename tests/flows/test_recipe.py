@@ -141,10 +141,10 @@ def test_missing_base_names_the_line(tmp_path, cwd):
 
 
 def test_relative_source_path_from_a_base_in_another_folder(tmp_path):
-    (tmp_path / "shared").mkdir()
-    write(tmp_path, GOOD.replace('"@world/facts.jsonl"', "corpus/facts.jsonl"), "shared/base.yaml")
-    child = write(tmp_path, "base: shared/base.yaml\nname: c\n")
-    assert load_recipe(child).recipe.data.sources[0].path == "shared/corpus/facts.jsonl"
+    (tmp_path / "common").mkdir()
+    write(tmp_path, GOOD.replace('"@world/facts.jsonl"', "corpus/facts.jsonl"), "common/base.yaml")
+    child = write(tmp_path, "base: common/base.yaml\nname: c\n")
+    assert load_recipe(child).recipe.data.sources[0].path == "common/corpus/facts.jsonl"
 
 
 # --------------------------------------------------------------------------- --set
