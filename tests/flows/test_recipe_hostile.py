@@ -22,7 +22,6 @@ def _recipe(tmp_path: Path, replace: tuple[str, str] | None = None, raw: bytes |
     return f
 
 
-
 @pytest.mark.parametrize("old,new,where,why", [
     ("data:\n", "data: a-string\nold_data:\n", "data", "must be a mapping (key: value lines); got a string 'a-string'"),
     ("stages:\n", "stages: 7\nold_stages:\n", "stages", "must be a mapping"),
