@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from data.config import TokenizerConfig
+from data.errors import BadInput
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
 CHAT_TOKENS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
@@ -65,7 +66,7 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
     """Load a tokenizer directory; it must define an eos token (every document ends with one)."""
     tok = AutoTokenizer.from_pretrained(str(path))
     if tok.eos_token_id is None:
-        raise ValueError(f"tokenizer at {path} has no eos token; documents must end with one")
+        raise BadInput(f"tokenizer at {path} has no eos token; documents must end with one")
     return tok
 
 
@@ -83,7 +84,7 @@ def build_tokenizer(cfg: TokenizerConfig, corpus: Mapping[str, Callable[[], Iter
         names = cfg.train_sources or list(corpus)
         missing = sorted(set(names) - set(corpus))
         if missing:
-            raise ValueError(f"tokenizer.train_sources names unknown sources {missing}")
+            raise BadInput(f"tokenizer.train_sources names unknown sources {missing}")
         tok = train_bpe(capped([corpus[n]() for n in names], cfg.max_train_chars), cfg.vocab_size)
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -97,5 +98,5 @@ def existing_tokenizer_dir(cfg: TokenizerConfig, base_dir: Path) -> Path:
     path = Path(cfg.path).expanduser()
     path = path if path.is_absolute() else Path(base_dir) / path
     if not path.is_dir():
-        raise ValueError(f"tokenizer.path {cfg.path!r}: {path} is not a directory")
+        raise BadInput(f"tokenizer.path {cfg.path!r}: {path} is not a directory")
     return path

@@ -37,6 +37,21 @@ def _eval_tasks(suite: Optional[str], recipe: Optional[Path], tasks: Optional[st
         raise BadInput(str(e)) from e
 
 
+def _runtime(device: str, recipe: Optional[Path], overrides: list[str]):
+    """Where to evaluate: --device when given, else the recipe's runtime block, else auto (exit 2 when unavailable)."""
+    from model.runtime import RuntimeConfig, RuntimeUnavailable, resolve_runtime
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise BadInput(f"--device: expected auto, cpu or cuda, got {device!r}")
+    cfg = RuntimeConfig(device=device)
+    if device == "auto" and recipe is not None:
+        cfg = load(recipe, overrides).recipe.runtime
+    try:
+        return resolve_runtime(cfg)
+    except RuntimeUnavailable as e:
+        raise BadInput(f"{'--device' if device != 'auto' else e.field}: {e}") from None
+
+
 @guarded
 def eval_cmd(
     checkpoint: Path = typer.Argument(..., help="Checkpoint directory (HF format, with config.json).", show_default=False),
@@ -45,7 +60,7 @@ def eval_cmd(
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated lm-eval tasks, tags or groups instead of a suite (e.g. world, or world_lookup,arc_easy)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N items per task (a quick look)."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, help="Sequences per forward pass."),
-    device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda."),
+    device: str = typer.Option("auto", "--device", help="auto (the recipe's runtime.device with --recipe, else cuda when present, else cpu), cpu or cuda."),
     overrides: list[str] = SetOpt,
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,
@@ -70,8 +85,10 @@ def eval_cmd(
         task_manager(names)  # a typo exits 2 before the model loads
     except UnknownTaskError as e:
         raise BadInput(str(e)) from e
-    result = run_checkpoint(checkpoint, names, limit=limit, batch_size=batch_size, device=device)
-    report = {"checkpoint": str(checkpoint), "tasks": names, "limit": limit, "metrics": result.metrics}
+    runtime = _runtime(device, recipe, overrides)
+    result = run_checkpoint(checkpoint, names, limit=limit, batch_size=batch_size, device=runtime.device)
+    report = {"checkpoint": str(checkpoint), "tasks": names, "limit": limit, "runtime": runtime.model_dump(),
+              "metrics": result.metrics}
 
     def text() -> None:
         typer.echo(f"{checkpoint}  ({', '.join(names)}{f', limit {limit}' if limit else ''})")

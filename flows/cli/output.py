@@ -22,12 +22,12 @@ from typing import Any, Callable
 
 import typer
 
+from data.errors import BadInput  # the one bad-input type (flows.recipe.RecipeError is the same class)
+
 DEBUG = {"on": False}  # set by the top-level --debug option
 _JSON_OUT: dict[str, Any] = {"file": None}  # the real stdout while --json sends other prints to stderr
 
 
-class BadInput(Exception):
-    """Input the user must fix (exit 2), found by the CLI itself."""
 
 
 def jsonable(obj: Any) -> Any:
@@ -96,8 +96,6 @@ def guarded(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from flows.recipe import RecipeError
-
         as_json = bool(kwargs.get("as_json"))
         debug = bool(kwargs.get("debug")) or DEBUG["on"] or os.environ.get("STAGEWISE_DEBUG", "") not in ("", "0")
         _JSON_OUT["file"] = sys.stdout
@@ -106,7 +104,7 @@ def guarded(fn: Callable) -> Callable:
                 return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
-        except (RecipeError, BadInput) as e:
+        except BadInput as e:
             fail(str(e), 2, as_json)
         except KeyboardInterrupt:
             fail("interrupted", 130, as_json)

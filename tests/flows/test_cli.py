@@ -425,3 +425,11 @@ def test_cutoffs_skips_a_run_without_the_metrics_and_reports_why(cutoff_store, t
     by_id = {r["run_id"]: r for r in json.loads(result.stdout)["runs"]}
     assert by_id[good]["cutoff"]["step"] == 0 and by_id[good]["error"] is None
     assert by_id[empty]["cutoff"] is None and "is not logged" in by_id[empty]["error"]
+
+
+def test_eval_on_cuda_without_a_gpu_exits_2(tiny_checkpoint, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = invoke("eval", str(tiny_checkpoint), "--tasks", "world_lookup", "--device", "cuda")
+    assert result.exit_code == 2 and "--device: cuda was asked for but torch sees no CUDA device" in result.output
