@@ -59,7 +59,7 @@ class SourceConfig(_Config):
     text_field: str = "text"
     """Field holding the text in jsonl/parquet rows."""
     quality: Literal["high", "medium", "low"] = "medium"
-    """Estimated quality tier (informs blends; reported)."""
+    """Estimated quality tier: a phase's `quality_weights` weigh sources by it (see PhaseConfig)."""
     max_epochs: float = Field(4.0, gt=0)
     """Never read this source more than this many times over the whole run."""
     on_bad_line: Literal["error", "skip"] = "error"
@@ -104,17 +104,31 @@ class PhaseConfig(_Config):
     """Phase name used in logs (e.g. diversity, quality)."""
     until: float = Field(1.0, gt=0, le=1)
     """The phase ends at this fraction of the stage's tokens (the last phase must end at 1.0)."""
-    blend: dict[str, float]
+    blend: dict[str, float] = Field(default_factory=dict)
     """Relative weight per source name (normalised to sum to 1)."""
+    quality_weights: dict[Literal["high", "medium", "low"], float] = Field(default_factory=dict)
+    """Relative weight per quality tier, for the sources `blend` does not name: each such source
+    of a tier gets the tier's weight split evenly among them (e.g. {high: 3, medium: 1, low: 0}:
+    a quality phase without listing every source). The recipe fills these into `blend`."""
 
     @model_validator(mode="after")
     def _weights(self) -> "PhaseConfig":
-        bad = {k: v for k, v in self.blend.items() if v < 0}
+        bad = {k: v for k, v in (self.blend | self.quality_weights).items() if v < 0}
         if bad:
             raise ValueError(f"blend weights must be >= 0, got {bad}")
-        if sum(self.blend.values()) <= 0:
-            raise ValueError("blend weights must not all be zero")
+        if sum(self.blend.values()) + sum(self.quality_weights.values()) <= 0:
+            raise ValueError("blend weights must not all be zero (give blend or quality_weights)")
         return self
+
+    def with_tiers(self, sources: list["SourceConfig"]) -> "PhaseConfig":
+        """This phase with `quality_weights` filled into `blend` for the sources it does not name."""
+        if not self.quality_weights:
+            return self
+        blend = dict(self.blend)
+        for tier, weight in self.quality_weights.items():
+            members = [s.name for s in sources if s.quality == tier and s.name not in self.blend]
+            blend |= {name: weight / len(members) for name in members}
+        return self.model_copy(update={"blend": blend})
 
 
 def check_phases(phases: list[PhaseConfig], source_names: list[str]) -> None:

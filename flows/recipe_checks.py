@@ -184,6 +184,9 @@ def _phase_problems(at: str, phases: list[PhaseConfig], names: list[str]) -> lis
         if i and p.until <= phases[i - 1].until:
             why = f"must be greater than the previous phase's until ({phases[i - 1].until}); got {p.until}"
             out.append((f"{here}.until", why, f"{here}.until"))
+        if p.quality_weights and sum(p.blend.values()) <= 0:
+            why = f"no source has a tier with a positive weight in {dict(p.quality_weights)} (set sources[].quality)"
+            out.append((f"{here}.quality_weights", why, f"{here}.quality_weights"))
         for src in p.blend:
             if src not in names:
                 why = f"unknown source {src!r}{did_you_mean(src, names)}; known: {', '.join(sorted(names))}"

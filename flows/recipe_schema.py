@@ -128,6 +128,8 @@ class Recipe(_Config):
 
     @model_validator(mode="after")
     def _cross_checks(self, info: ValidationInfo) -> "Recipe":
+        if self.stages.pretrain is not None:  # quality tiers become plain blend weights (what the loader reads)
+            self.stages.pretrain.phases = [p.with_tiers(self.data.sources) for p in self.stages.pretrain.phases]
         # Checks that span libraries. The loader passes a list in the context to collect each
         # problem with its own YAML path; a plain model_validate raises them all at once.
         problems = cross_problems(self)

@@ -127,3 +127,9 @@ def _substage(sets, index=0):
 ])
 def test_sft_substage_step(change, retrains):
     assert (_substage([change]) != _substage([])) == retrains, change
+
+
+def test_quality_retrains_only_when_a_phase_weighs_by_it():
+    tiered = "stages.pretrain.phases[1]={name: quality, until: 1.0, quality_weights: {high: 3, medium: 1}}"
+    assert _pretrain([tiered, "data.sources[4].quality=high"]) != _pretrain([tiered])
+    assert _pretrain(["data.sources[4].quality=high"]) == BASE
