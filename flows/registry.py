@@ -1,7 +1,9 @@
 """Every stage the pipeline can run, in pipeline order: one line per stage.
 
-A stage is a module with its flow, its inputs model and a `STAGE_ENTRY` (flows/stage.py);
-adding one is that module plus a line here. The order must follow the design's STAGE_ORDER.
+A stage is a module with its flow, its inputs model and a `STAGE_ENTRY` (flows/stage.py).
+Adding one is that module, a line here, and its recipe block (a field of StagesConfig in
+flows/recipe_schema.py, so the recipe validates it before any work). The order must follow
+the design's STAGE_ORDER; tests/flows/test_registry.py holds both rules.
 """
 
 from __future__ import annotations
