@@ -51,7 +51,8 @@ class PreparedData:
         if not (root / MANIFEST).is_file():
             raise FileNotFoundError(f"{root} is not a prepared data directory (no {MANIFEST})")
         m = json.loads((root / MANIFEST).read_text())
-        sources = {name: SourceShards(root / s["train"], root / s["val"], s["train_tokens"], s["val_tokens"], s["docs"])
+        sources = {name: SourceShards(root / s["train"], root / s["val"], s["train_tokens"], s["val_tokens"], s["docs"],
+                                      s.get("bad_lines", 0))
                    for name, s in m["sources"].items()}
         world = Path(m["world_dir"]) if m.get("world_dir") else None
         return cls(root, root / m["tokenizer_dir"], m["digest"], True, sources, m["vocab_size"], world)
@@ -90,13 +91,14 @@ def _build(tmp: Path, data: DataConfig, tok_cfg: TokenizerConfig, inputs: dict, 
     corpus = {s.name: partial(iter_texts, s, base_dir, world_dir) for s in data.sources}
     with _status("training the tokenizer" if tok_cfg.path is None else "copying the tokenizer", progress):
         tok = load_tokenizer(build_tokenizer(tok_cfg, corpus, base_dir, tmp / "tokenizer"))
-    sources = {}
+    sources, bad_lines = {}, {}
     for src in data.sources:
-        shards = write_source_shards(corpus[src.name](), tok, tmp / "shards" / src.name,
-                                     data.validation_fraction, seed, src.name, progress)
+        texts = iter_texts(src, base_dir, world_dir, bad_lines)  # counted once, on the pass that writes shards
+        shards = write_source_shards(texts, tok, tmp / "shards" / src.name, data.validation_fraction, seed, src.name,
+                                     progress)
         sources[src.name] = {"train": f"shards/{src.name}/train", "val": f"shards/{src.name}/val",
                              "train_tokens": shards.train_tokens, "val_tokens": shards.val_tokens,
-                             "docs": shards.docs}
+                             "docs": shards.docs, "bad_lines": bad_lines.get(src.name, 0)}
     manifest = {"format_version": FORMAT_VERSION, "digest": digest, "tokenizer_dir": "tokenizer",
                 "vocab_size": len(tok), "eos_id": tok.eos_token_id, "bos_id": tok.bos_token_id,
                 "pad_id": tok.pad_token_id, "world_dir": str(world_dir) if world_dir else None,

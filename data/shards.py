@@ -74,6 +74,8 @@ class SourceShards:
     train_tokens: int
     val_tokens: int
     docs: int
+    bad_lines: int = 0
+    """Lines dropped under the source's `on_bad_line: skip` (0 when it errors on them)."""
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

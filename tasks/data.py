@@ -37,6 +37,7 @@ def prepare_data_task(
         for name, src in prepared.sources.items():
             counts[f"data/{name}/train_tokens"] = src.train_tokens
             counts[f"data/{name}/val_tokens"] = src.val_tokens
+            counts[f"data/{name}/bad_lines"] = src.bad_lines
         tracker.log_metrics(run_id, [(0, 0, counts)])
         tracker.set_tags(run_id, {"stagewise.data_digest": prepared.digest})
     ref = PreparedRef(root=str(prepared.root), digest=prepared.digest)

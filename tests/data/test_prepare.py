@@ -100,3 +100,11 @@ def test_changed_source_bytes_give_a_new_directory(env):
     texts = np.concatenate([TokenShard.open(changed.sources["local"].train).tokens,
                             TokenShard.open(changed.sources["local"].val).tokens])
     assert "doc seven" in AutoTokenizer.from_pretrained(changed.tokenizer_dir).decode(texts)
+
+
+def test_skipped_bad_lines_are_counted_in_the_manifest(tmp_path):
+    (tmp_path / "local.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(20))
+                                          + "{not json\n" + json.dumps({"title": "no text"}) + "\n")
+    prepared = prepare_data(_data(on_bad_line="skip"), TOK, tmp_path / "runs", seed=3, base_dir=tmp_path, progress=False)
+    assert prepared.sources["local"].bad_lines == 2 and prepared.sources["facts"].bad_lines == 0
+    assert PreparedData.load(prepared.root).sources["local"].bad_lines == 2  # kept in manifest.json
