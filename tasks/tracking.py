@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -350,11 +351,31 @@ class Tracker:
             if is_transient(err):
                 raise
             # already registered: versions accumulate under one name
+        source = self._model_source(client, Path(checkpoint).resolve(), run_id)
         version = client.create_model_version(
-            model_name, source=str(Path(checkpoint).resolve()), run_id=run_id, tags={STAGE_TAG: alias}
+            model_name, source=source, run_id=run_id,
+            tags={STAGE_TAG: alias, "stagewise.checkpoint": str(Path(checkpoint).resolve())},
         )
         client.set_registered_model_alias(model_name, alias, version.version)
         return str(version.version)
+
+    def _model_source(self, client: Any, checkpoint: Path, run_id: str) -> str:
+        """Where a registered version points. A local store takes the checkpoint's own path. A
+        tracking server accepts a local path only inside the run's artifact directory (else
+        INVALID_PARAMETER_VALUE), so there the checkpoint is hard-linked into the run's
+        artifacts under `checkpoints/<name>` (copied when links fail), or uploaded when the
+        run's artifacts are not local."""
+        if not self.uri.startswith(("http://", "https://")):
+            return str(checkpoint)
+        artifact_uri = client.get_run(run_id).info.artifact_uri
+        if artifact_uri.startswith("file:"):
+            from mlflow.utils.file_utils import local_file_uri_to_path
+
+            dest = Path(local_file_uri_to_path(artifact_uri)) / "checkpoints" / checkpoint.name
+            shutil.copytree(checkpoint, dest, copy_function=_link_or_copy, dirs_exist_ok=True)
+            return str(dest.resolve())
+        client.log_artifacts(run_id, str(checkpoint), f"checkpoints/{checkpoint.name}")
+        return f"runs:/{run_id}/checkpoints/{checkpoint.name}"
 
     # ------------------------------------------------------------------ reading back
 
@@ -473,8 +494,23 @@ class _Client:
         return call
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link (no second copy of the weights), or a copy across filesystems."""
+    Path(dst).unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def _short(exc: BaseException) -> str:
+    """One line for a log: "[Errno 111] Connection refused (runs/log-batch)" rather than
+    MLflow's three nested reprs of it."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    cause = re.search(r"\[Errno \d+\][^\"')]*", text)
+    endpoint = re.search(r"/api/[\d.]+/mlflow/([\w/-]+)", text)
+    if cause:
+        text = cause.group(0).strip() + (f" ({endpoint.group(1)})" if endpoint else "")
     return text if len(text) <= 300 else text[:300] + "..."
 
 
