@@ -35,3 +35,13 @@ def decode_utf8(data: bytes, where: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadInput(f"{where}:{line_of(data, e.start)}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def read_utf8(path, what: str = "") -> str:
+    """A file's text, or BadInput naming the file: unreadable (missing, a directory, no permission)
+    or not UTF-8 (citing the line of the first bad byte). `what` says what the file is for."""
+    try:
+        raw = open(path, "rb").read()
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read{f' the {what}' if what else ''}: {e.strerror or e}") from None
+    return decode_utf8(raw, str(path))

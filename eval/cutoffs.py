@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from data.errors import BadInput, decode_utf8
+from data.errors import BadInput, read_utf8
 from eval.gates import GateConfig, GateRule, Histories, first_hold
 
 # Keys a whole `gate:` block has beyond the rule; a rule file may be a pasted gate block.
@@ -43,11 +43,7 @@ def load_rule(path: str | Path) -> GateRule:
     readable, not UTF-8, not YAML, not a mapping, or a field pydantic refuses.
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read the rule file: {e.strerror or e}") from None
-    text = decode_utf8(raw, str(path))
+    text = read_utf8(path, "rule file")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text) if node is not None else {}

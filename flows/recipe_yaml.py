@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from data.errors import decode_utf8
+from data.errors import read_utf8
 from flows.recipe_errors import RecipeError, join_path, show_file
 
 
@@ -31,11 +31,7 @@ YamlLoader.add_implicit_resolver(
 
 def _read_yaml(path: Path) -> tuple[dict, dict[str, tuple[str, int]]]:
     """One YAML mapping and the line of every key / sequence item in it."""
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise RecipeError([f"{show_file(str(path))}: cannot read the recipe: {e.strerror or e}"]) from None
-    text = decode_utf8(raw, show_file(str(path)))
+    text = read_utf8(show_file(str(path)), "recipe")
     loader = None
     try:
         loader = YamlLoader(text)  # rejects unprintable characters already

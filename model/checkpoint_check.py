@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from data.errors import BadInput, decode_utf8
+from data.errors import BadInput, read_utf8
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -33,11 +33,7 @@ _EMBEDDINGS = ("backbone.embeddings.weight", "model.embeddings.weight")
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file that must hold an object; BadInput naming the file (and line) otherwise."""
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read: {e.strerror or e}") from None
-    text = decode_utf8(raw, str(path))
+    text = read_utf8(path)
     try:
         doc = json.loads(text)
     except ValueError as e:
@@ -180,7 +176,7 @@ def check_tokenizer(root: Path) -> None:
     from tokenizers import Tokenizer
 
     try:
-        text = decode_utf8(path.read_bytes(), str(path))
+        text = read_utf8(path)
         tok = Tokenizer.from_str(text)
     except BadInput:
         raise
