@@ -415,7 +415,8 @@ class Tracker:
         source = next((r for r in runs if r.info.run_id != run_id), None)
         if source is None:
             return None
-        points = [Metric(m.key, m.value, m.timestamp, m.step) for key in source.data.metrics
+        keys = client.get_run(source.info.run_id).data.metrics  # after sending what a killed process kept
+        points = [Metric(m.key, m.value, m.timestamp, m.step) for key in keys
                   for m in client.get_metric_history(source.info.run_id, key) if m.step <= until_step]
         for i in range(0, len(points), _BATCH):
             client.log_batch(run_id, metrics=points[i:i + _BATCH])

@@ -221,3 +221,39 @@ def test_the_experiment_opens_in_the_model_training_view(store, outage):
     MlflowClient(uri).create_experiment("older")  # made before the tag existed
     Tracker(uri, "older").experiment_id()
     assert MlflowClient(uri).get_experiment_by_name("older").tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+
+def test_a_tracker_travels_between_prefect_tasks_as_plain_data(store):
+    from pydantic import TypeAdapter
+
+    tracker = make(store, retry_seconds=5.0)
+    adapter = TypeAdapter(Tracker)
+    assert adapter.validate_python(adapter.dump_python(tracker)) == tracker
+    assert pickle.loads(pickle.dumps(tracker)) == tracker
+
+
+def test_mlflow_own_http_retries_are_off_unless_set(monkeypatch, store):
+    _, uri = store
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    Tracker(uri, "exp")._raw_client()
+    assert tracking.os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    Tracker(uri, "exp")._raw_client()
+    assert tracking.os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "3"
+
+
+def test_resume_carries_over_what_the_killed_run_still_had_in_its_spool(store, outage, monkeypatch):
+    monkeypatch.setattr(Tracker, "_send_leftovers", lambda self: None)  # carry_over alone must send them
+    tracker = make(store)
+    stage_dir = "/w/stages/outage-1"
+    crashed = tracker.start_run("pretrain", {"stagewise.stage_dir": stage_dir})
+    tracker.log_metrics(crashed, steps(1, 3))
+    outage.down = True
+    tracker.log_metrics(crashed, [(s, s * 100, {LOSS: 1.0, "eval/x": 0.5}) for s in range(3, 6)])  # a new key
+    tracking._DEFER.clear()  # the process was killed; --resume starts a new one
+    outage.down = False
+    resumed = tracker.start_run("pretrain", {"stagewise.stage_dir": stage_dir})
+    assert tracker.carry_over(resumed, stage_dir, until_step=4) == crashed
+    hist = tracker.metric_histories(resumed, [LOSS, "eval/x"])
+    assert [s for s, _, _ in hist[LOSS]] == [1, 2, 3, 4]
+    assert [s for s, _, _ in hist["eval/x"]] == [3, 4]
