@@ -15,12 +15,14 @@ nor loses a stage:
 - Metric batches that cannot be sent are kept, in order, in a spool file per run,
   `<artifact_root>/../.mlflow-spool/<run_id>.jsonl` (the workdir's `.mlflow-spool/`; in
   memory when the tracker has no artifact root), and training goes on. They are sent before
-  anything else is sent to or read from that run: by the next `log_metrics` (at most every
-  few seconds while the server is away), by any read (a gate never decides on a partial
-  history), and when `Tracker.run` ends the run. A spool left by a killed process is sent
-  when its run is next touched, or when any new run starts. A batch sent twice is stored
-  once: MLflow's SQL store drops a metric equal to one it has (key, value, step, timestamp),
-  and a spooled metric keeps its original timestamp.
+  anything else is sent to or read from that run: by the next `log_metrics` (tried again
+  after 1, 2, 4, 8, then every 10 s while the server is away), by any read (a gate never
+  decides on a partial history), and when `Tracker.run` ends the run. A spool left by a
+  killed process is sent when its run is next touched, or when any new run starts. A batch
+  sent twice is stored once: MLflow's SQL store drops a metric equal to one it has (key,
+  value, step, timestamp), and a spooled metric keeps its original timestamp.
+- A checkpoint registered with a tracking server (http/https) is hard-linked into the run's
+  artifacts first: the server accepts a local model-version source only inside them.
 - Every other call retries transient errors (connection refused or reset, timeouts, HTTP
   5xx/429: `tasks.retry.is_transient`) with exponential backoff for up to `retry_seconds`,
   and never retries a deterministic one (e.g. RESOURCE_DOES_NOT_EXIST). MLflow's own HTTP
@@ -226,7 +228,7 @@ class Tracker:
                 if not transient:
                     raise
                 _, last = _DEFER.get(key, (0.0, 0.0))
-                delay = min(max(2 * last, 1.0), 30.0)
+                delay = min(max(2 * last, 1.0), 10.0)
                 _DEFER[key] = (time.monotonic() + delay, delay)
                 if not last:
                     log.warning("MLflow at %s unreachable (%s): keeping metrics of run %s in %s until it answers",
