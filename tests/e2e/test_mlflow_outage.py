@@ -132,5 +132,7 @@ def test_a_stage_survives_an_mlflow_restart_and_loses_no_metric(mlflow_server, t
     tokens = {m.step for m in client.get_metric_history(run.info.run_id, "tokens_seen")}
     assert set(range(1, STEPS + 1)) <= tokens
     assert not list((workdir / ".mlflow-spool").glob("*.jsonl")), "metrics left unsent"
+    version = client.get_model_version_by_alias("tiny", "pretrain")  # a server takes sources in the run's artifacts
+    assert Path(version.source).is_relative_to(workdir / "mlartifacts") and Path(version.source, "config.json").exists()
     log = (tmp_path / "stagewise.log").read_text()
     assert "keeping metrics" in log and "answers again" in log, "the outage never reached metric logging"
