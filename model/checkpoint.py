@@ -8,8 +8,8 @@ Layout (DESIGN.md, Checkpoint):
         stagewise.json                                           (CheckpointMeta)
         trainer_state/optimizer.pt                               (optimizer.state_dict())
         trainer_state/rng.pt                                     (python/numpy/torch RNG)
-        trainer_state/monitors.pt                                (monitor state dicts)
-        trainer_state/state.json                                 (progress + data loader)
+        trainer_state/monitors.pt                                (monitor state dicts + Trainer.state_to_save())
+        trainer_state/state.json                                 (progress, numerics + data loader)
 
 Why it is written this way:
 - Atomic: everything goes into `.tmp-<name>-<pid>` beside the final directory, every file
@@ -68,13 +68,15 @@ class TrainerState:
     optimizer: dict[str, Any]
     """optimizer.state_dict()."""
     progress: dict[str, Any]
-    """JSON: step, tokens_seen (the schedule position: lr is a function of tokens_seen)."""
+    """JSON: step, tokens_seen (the schedule position: lr is a function of tokens_seen) and the
+    numerics it was computed under (model.engine.numerics: torch build, thread count)."""
     rng: dict[str, Any] = field(default_factory=dict)
     """model.rng.capture_rng() output (tensors and plain types)."""
     loader: dict[str, Any] | None = None
     """The batch source's state_dict() (JSON-able by the loader contract)."""
     monitors: dict[str, Any] = field(default_factory=dict)
-    """{monitor name: state_dict()} (tensors and plain types)."""
+    """{monitor name: state_dict()} and a Trainer subclass's `state_to_save()` (e.g. LoRA
+    adapters), tensors and plain types."""
 
 
 # ---------------------------------------------------------------- hashing and fsync
