@@ -108,7 +108,10 @@ def test_pretraining_resume_is_bit_identical(tmp_path, model_factory, pretrain_s
     assert resumed.batches.realized() == straight.batches.realized()
 
 
-def test_mtp_and_accumulation_resume_is_bit_identical(tmp_path, model_factory, batches_factory):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_mtp_and_accumulation_resume_is_bit_identical(tmp_path, model_factory, batches_factory, precision):
+    """Two micro-batches per step, an MTP head (its weights ride in the safetensors file), and
+    bf16 autocast (fp32 master weights: the checkpoint round trip is exact either way)."""
     from model.mtp import attach_mtp
 
     def make(cfg, out, seed):
@@ -119,7 +122,8 @@ def test_mtp_and_accumulation_resume_is_bit_identical(tmp_path, model_factory, b
         return Trainer(model, cfg, batches_factory(GLOBAL, SEQ), LMObjective(cfg.lb_loss_coeff), out, "pretrain",
                        None, "hash", progress=False)
 
-    straight, resumed = straight_then_resumed(make, steps=6, every=2, resume_at=4, tmp_path=tmp_path, micro_batch=2)
+    straight, resumed = straight_then_resumed(make, steps=6, every=2, resume_at=4, tmp_path=tmp_path, micro_batch=2,
+                                              precision=precision)
     assert_identical(straight, resumed)
 
 
