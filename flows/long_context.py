@@ -88,13 +88,14 @@ def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Ups
             device=ctx.runtime.device,
         )
         start_ref = CheckpointRef(path=base.checkpoint, step=0, tokens_seen=0)
-        before = needle_task(start_ref, stage.needle_lengths, stage.needle_per_length, val_shards, seed, tracker, run_id, at=(0, 0))
+        before = needle_task(start_ref, stage.needle_lengths, stage.needle_per_length, val_shards, seed, tracker, run_id,
+                             at=(0, 0), device=ctx.runtime.device)
 
         last: dict[str, dict] = {}
 
         def evaluate(ckpt: CheckpointRef) -> dict:
             last[ckpt.path] = needle_task(ckpt, stage.needle_lengths, stage.needle_per_length, val_shards, seed,
-                                          tracker, run_id)
+                                          tracker, run_id, device=ctx.runtime.device)
             return last[ckpt.path]
 
         total = train_cfg.total_steps * train_cfg.tokens_per_step

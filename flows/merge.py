@@ -87,7 +87,7 @@ def merge_flow(ctx: StageContext, block: MergeInputs, upstream: Upstream) -> Sta
             scores = merge_at_checkpoint_task(ckpts, path, stage.windows_tokens, stage.schedule, stage.ordering, ctx.seed,
                                               str(candidates), prepared, block.seq_length, stage.val_tokens,
                                               ctx.recipe_hash, tracker, run_id, block.suites.get(stage.eval_suite or ""),
-                                              stage.eval_limit)
+                                              stage.eval_limit, ctx.runtime.device)
             trained_loss = scores["trained"]
             for w, (loss, merged) in scores["merges"].items():
                 if best is None or loss < best[0]:

@@ -73,12 +73,12 @@ def pretrain_spec(block: PretrainInputs, train: TrainConfig, seed: int) -> dict:
 
 
 def evaluator(prepared: PreparedRef, seq_length: int, val_tokens: int, suite: list[str] | None,
-              limit: int | None, tracker: Tracker, run_id: str):
+              limit: int | None, tracker: Tracker, run_id: str, device: str = "cpu"):
     """What a pretraining checkpoint is scored on at every mark: validation loss (+ a suite)."""
     def evaluate(ckpt: CheckpointRef) -> dict:
-        metrics = validation_task(ckpt, prepared, seq_length, val_tokens, tracker, run_id)
+        metrics = validation_task(ckpt, prepared, seq_length, val_tokens, tracker, run_id, device=device)
         if suite:
-            metrics |= suite_task(ckpt, suite, limit, tracker, run_id)
+            metrics |= suite_task(ckpt, suite, limit, tracker, run_id, device=device)
         return metrics
     return evaluate
 
@@ -108,11 +108,12 @@ def pretrain_flow(ctx: StageContext, block: PretrainInputs, upstream: Upstream |
         suite_name = gate.suite if gate else stage.eval_suite
         evaluate = evaluator(prepared, train_cfg.seq_length, stage.val_tokens,
                              block.suites.get(suite_name) if suite_name else None,
-                             gate.eval_limit if gate else None, tracker, run_id)
+                             gate.eval_limit if gate else None, tracker, run_id, ctx.runtime.device)
         phase_ends = [(p.name, round(p.until * train_cfg.tokens)) for p in stage.phases]
         ckpt, decision = run_stretches(spec, phase_ends, total, resume_point(out_dir, ctx.resume), evaluate,
                                        tracker, run_id, gate, evaluate_start=True)
-        metrics = validation_task(ckpt, prepared, train_cfg.seq_length, stage.val_tokens, tracker, run_id)
+        metrics = validation_task(ckpt, prepared, train_cfg.seq_length, stage.val_tokens, tracker, run_id,
+                                  device=ctx.runtime.device)
         loss_report_task(tracker, run_id, STAGE)
         history = tracker.metric_histories(run_id, [TARGET]).get(TARGET, [])
         before = next((v for step, _, v in history if step == 0), None)

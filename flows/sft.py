@@ -81,8 +81,10 @@ class Scores:
     The last evaluation inside a sub-stage and the stage run's "after" evaluation score the
     same weights; the cache (keyed by weight sha256) makes the second one a copy."""
 
-    def __init__(self, tracker: Tracker, heldout: str | None, heldout_limit: int | None, pack_size: int):
+    def __init__(self, tracker: Tracker, heldout: str | None, heldout_limit: int | None, pack_size: int,
+                 device: str = "cpu"):
         self.tracker, self.heldout, self.heldout_limit, self.pack_size = tracker, heldout, heldout_limit, pack_size
+        self.device = device
         self.cache: dict[tuple, dict[str, float]] = {}
 
     def __call__(self, ckpt: CheckpointRef, tasks: list[str] | None, limit: int | None, run_id: str,
@@ -93,10 +95,10 @@ class Scores:
         if self.heldout:
             metrics |= self._once((ckpt.sha256 or ckpt.path, "heldout", self.heldout_limit), ref, run_id,
                                   lambda: heldout_task(ref, self.heldout, self.pack_size, self.heldout_limit,
-                                                       self.tracker, run_id))
+                                                       self.tracker, run_id, device=self.device))
         if tasks:
             metrics |= self._once((ckpt.sha256 or ckpt.path, "suite", tuple(tasks), limit), ref, run_id,
-                                  lambda: suite_task(ref, tasks, limit, self.tracker, run_id))
+                                  lambda: suite_task(ref, tasks, limit, self.tracker, run_id, device=self.device))
         return metrics
 
     def _once(self, key: tuple, ref: CheckpointRef, run_id: str, compute: Callable[[], dict]) -> dict[str, float]:
@@ -205,7 +207,8 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
         if reused is not None:
             logger.info("sft already finished in %s: reusing %s", out_dir, reused.checkpoint)
             return reused
-        scores = Scores(tracker, heldout_path, data.heldout_limit, max(s.seq_length for s in stage.stages))
+        scores = Scores(tracker, heldout_path, data.heldout_limit, max(s.seq_length for s in stage.stages),
+                        ctx.runtime.device)
         tasks = block.suites.get(stage.eval_suite) if stage.eval_suite else None
         base = scores(start, tasks, stage.eval_limit, run_id, at=(0, 0))
         ckpt, step, tokens, decisions = start, 0, 0, {}

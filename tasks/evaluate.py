@@ -39,6 +39,7 @@ def validation_task(
     tracker: Tracker | None = None,
     run_id: str | None = None,
     prefix: str = "eval/validation",
+    device: str = "cpu",
 ) -> dict[str, float]:
     """Held-out loss of a checkpoint, per source and overall, next to the unigram baseline.
 
@@ -49,8 +50,8 @@ def validation_task(
     from eval.validation import validation_loss
     from model.build import load_model
 
-    model = load_model(Path(checkpoint.path))
-    metrics = validation_loss(model, _val_streams(Path(prepared.root)), seq_length, max_tokens)
+    model = load_model(Path(checkpoint.path), device=device)
+    metrics = validation_loss(model, _val_streams(Path(prepared.root)), seq_length, max_tokens, device=device)
     metrics["unigram_baseline"] = unigram_cross_entropy(PreparedData.load(Path(prepared.root)))
     task_logger().info(
         "validation loss %.4f (unigram baseline %.4f) at %d tokens",
@@ -84,6 +85,7 @@ def suite_task(
     tracker: Tracker | None = None,
     run_id: str | None = None,
     prefix: str = "eval",
+    device: str = "cpu",
 ) -> dict[str, float]:
     """Run lm-eval tasks on a checkpoint (eval.harness.run_checkpoint): the one suite scorer
     of every stage. Logs `<prefix>/<task>/<metric>` at the checkpoint's step and lm-eval's
@@ -91,7 +93,7 @@ def suite_task(
     and `merge/<window>` so trained and merged checkpoints sit side by side."""
     from eval.harness import run_checkpoint
 
-    result = run_checkpoint(Path(checkpoint.path), tasks, limit=limit)
+    result = run_checkpoint(Path(checkpoint.path), tasks, limit=limit, device=device)
     metrics = {f"{prefix}/{k}": v for k, v in result.metrics.items()}
     task_logger().info("%s at %d tokens: %s", prefix, checkpoint.tokens_seen,
                           ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
@@ -128,6 +130,7 @@ def heldout_task(
     limit: int | None = None,
     tracker: Tracker | None = None,
     run_id: str | None = None,
+    device: str = "cpu",
 ) -> dict[str, float]:
     """Held-out conversations (eval/heldout.py): greedy exact match and SFT loss of a checkpoint,
     logged as `eval/sft_heldout/<metric>` at the checkpoint's step."""
@@ -136,11 +139,11 @@ def heldout_task(
     from eval.heldout import heldout_answers, heldout_loss, read_conversations
     from model.build import load_model
 
-    model = load_model(Path(checkpoint.path))
+    model = load_model(Path(checkpoint.path), device=device)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.path)
     convs = read_conversations(heldout)
-    metrics = heldout_answers(model, tokenizer, convs, limit)
-    metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit)
+    metrics = heldout_answers(model, tokenizer, convs, limit, device=device)
+    metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit, device=device)
     named = {f"eval/{HELDOUT_TASK}/{k}": v for k, v in metrics.items()}
     task_logger().info("held-out conversations at %d tokens: %s", checkpoint.tokens_seen,
                           ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))

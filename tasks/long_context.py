@@ -40,6 +40,7 @@ def needle_task(
     tracker: Tracker | None = None,
     run_id: str | None = None,
     at: tuple[int, int] | None = None,
+    device: str = "cpu",
 ) -> dict[str, float]:
     """Retrieval accuracy and per-length loss; logged as `eval/needle/...` and `eval/loss/<len>`.
 
@@ -50,10 +51,11 @@ def needle_task(
     from model.build import load_model
     from transformers import AutoTokenizer
 
-    model = load_model(Path(checkpoint.path))
+    model = load_model(Path(checkpoint.path), device=device)
     tok = AutoTokenizer.from_pretrained(checkpoint.path)
     streams = {name: TokenShard.open(Path(p)).tokens for name, p in val_shards.items()}
-    metrics = {f"eval/{k}": v for k, v in needle_eval(model, tok, lengths, per_length, seed, streams=streams).items()}
+    scores = needle_eval(model, tok, lengths, per_length, seed, streams=streams, device=device)
+    metrics = {f"eval/{k}": v for k, v in scores.items()}
     step, tokens = at if at is not None else (checkpoint.step, checkpoint.tokens_seen)
     get_run_logger().info("needle eval at %d tokens: %s", tokens,
                           ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))

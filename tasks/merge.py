@@ -37,6 +37,7 @@ def merge_at_checkpoint_task(
     run_id: str,
     suite: list[str] | None = None,
     suite_limit: int | None = None,
+    device: str = "cpu",
 ) -> dict:
     """Score the trained checkpoint `end` and the merge of each window ending there.
 
@@ -51,9 +52,10 @@ def merge_at_checkpoint_task(
 
     def score(ref: CheckpointRef, prefix: str) -> float:
         """The same scorers as every stage (tasks/evaluate.py), under this checkpoint's prefix."""
-        loss = validation_task.fn(ref, prepared, seq_length, val_tokens, tracker, run_id, prefix=prefix)["loss"]
+        loss = validation_task.fn(ref, prepared, seq_length, val_tokens, tracker, run_id, prefix=prefix,
+                                  device=device)["loss"]
         if suite:
-            suite_task.fn(ref, suite, suite_limit, tracker, run_id, prefix=prefix)
+            suite_task.fn(ref, suite, suite_limit, tracker, run_id, prefix=prefix, device=device)
         return loss
 
     out = {"trained": score(trained, "merge/trained"), "merges": {}}

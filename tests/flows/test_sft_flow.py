@@ -28,12 +28,12 @@ class FakeTracker:
 def test_scores_evaluate_each_weights_once_and_copy_to_other_runs(monkeypatch):
     calls = []
 
-    def fake_heldout(ref, path, pack_size, limit, tracker, run_id):
+    def fake_heldout(ref, path, pack_size, limit, tracker, run_id, device):
         calls.append(("heldout", ref.path, run_id))
         tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, {"eval/sft_heldout/loss": 2.0})])
         return {"eval/sft_heldout/loss": 2.0}
 
-    def fake_suite(ref, tasks, limit, tracker, run_id):
+    def fake_suite(ref, tasks, limit, tracker, run_id, device):
         calls.append(("suite", tuple(tasks), limit))
         tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, {"eval/t/exact_match": 0.5})])
         return {"eval/t/exact_match": 0.5}
