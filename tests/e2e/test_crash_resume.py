@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,14 +69,16 @@ def trained(pattern: str) -> list[str]:
 def run_and_kill(cmd: list[str], pattern: str, timeout: float = 600) -> None:
     """Start `cmd`, SIGKILL it as soon as a trained checkpoint matching `pattern` exists, and
     clean up whatever it had started (Prefect's temporary server) once it is dead."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a full pipe would stall the run before its checkpoint
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, CI="1"), start_new_session=True)
     deadline = time.monotonic() + timeout
     try:
         while not trained(pattern):
             if proc.poll() is not None:
+                log.seek(0)
                 pytest.fail(f"the run ended (rc {proc.returncode}) before any checkpoint {pattern}:\n"
-                            + proc.stderr.read()[-5000:])
+                            + log.read()[-5000:])
             if time.monotonic() > deadline:
                 pytest.fail(f"no checkpoint {pattern} within {timeout} s")
             time.sleep(0.05)
@@ -87,7 +90,7 @@ def run_and_kill(cmd: list[str], pattern: str, timeout: float = 600) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
-        proc.stderr.close()
+        log.close()
 
 
 def final_checkpoint(stage_glob: str) -> Path:
@@ -105,7 +108,8 @@ def assert_same_tensors(a: Path, b: Path) -> None:
     assert [k for k in sorted(wa) if not torch.equal(wa[k], wb[k])] == []
     oa, ob = ck.load_trainer_state(a).optimizer["state"], ck.load_trainer_state(b).optimizer["state"]
     assert sorted(oa) == sorted(ob)
-    differ = [(i, k) for i in oa for k in oa[i] if not torch.equal(torch.as_tensor(oa[i][k]), torch.as_tensor(ob[i][k]))]
+    same = lambda x, y: torch.equal(torch.as_tensor(x), torch.as_tensor(y))  # noqa: E731
+    differ = [(i, k) for i in oa for k in oa[i] if not same(oa[i][k], ob[i][k])]
     assert differ == []
 
 
