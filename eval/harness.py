@@ -12,9 +12,12 @@ needed: a request that names only local tasks never indexes the standard ones.
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import difflib
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -88,6 +91,37 @@ def _quiet_lm_eval() -> None:
         task_log.addFilter(_Quiet())
 
 
+def _terminal_print(*values: object, sep: str | None = " ", end: str | None = "\n", file: Any = None,
+                    flush: bool = False) -> None:
+    """What the builtin `print` does: write to `file`, else to whatever `sys.stdout` is now."""
+    stream = sys.stdout if file is None else file
+    if stream is None:
+        return
+    stream.write((" " if sep is None else sep).join(map(str, values)) + ("\n" if end is None else end))
+    if flush:
+        stream.flush()
+
+
+@contextlib.contextmanager
+def terminal_prints():
+    """Inside: `print` writes to its stream again, even where an orchestrator turned prints into log records.
+
+    Prefect's `log_prints=True` swaps `builtins.print` for a function that logs every print
+    aimed at stdout or stderr, ignoring where `sys.stdout` points at that moment. Under lm-eval,
+    datasets fingerprints each task's Arrow table through dill, which disassembles a function
+    with `dis.dis` into a stdout it has redirected to a buffer; with the swap, that disassembly
+    (`LOAD_GLOBAL (pa)` ...) became dozens of lines in the flow run's log and dill read an empty
+    buffer. lm-eval's progress bars (tqdm) never pass through `print`: they write to stderr,
+    the terminal. So during an evaluation every library print goes where it was aimed.
+    """
+    swapped = builtins.print
+    builtins.print = _terminal_print
+    try:
+        yield
+    finally:
+        builtins.print = swapped
+
+
 def _plain(obj: Any) -> Any:
     """JSON data: numpy scalars become numbers, NaN/inf None, anything else its string."""
     if isinstance(obj, dict):
@@ -146,9 +180,10 @@ def run_tasks(model, tokenizer, tasks: list[str], *, limit: int | float | None =
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length, device=device)
     model.eval()
     try:
-        out = simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=tm, log_samples=False,
-                              random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                              fewshot_random_seed=seed)
+        with terminal_prints():  # library chatter goes to the terminal, not into an orchestrator's log
+            out = simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=tm, log_samples=False,
+                                  random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                                  fewshot_random_seed=seed)
     finally:
         model.train(was_training)
     raw = _plain(out or {})
