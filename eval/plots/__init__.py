@@ -1,0 +1,21 @@
+"""The one plotting module every stage uses (matplotlib, headless).
+
+Every chart sorts its metrics by kind first (`kinds.py`: rates in [0, 1], losses, counts,
+other scores) and gives each kind its own axis, draws before -> after as paired marks
+(`marks.py`), and says in its title what improved. Stage code only calls these functions.
+
+    before_after_plot(base, final, "SFT: base vs fine-tuned")  # rates 0-1 | losses | counts
+    stage_summary_plot(rows)                                   # the pipeline's closing table
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from eval.plots.compare import before_after_plot, stage_summary_plot  # noqa: E402
+from eval.plots.curation import reject_reasons_plot  # noqa: E402
+from eval.plots.kinds import metric_kind  # noqa: E402
+from eval.plots.training import cutoff_plot, loss_curves, merge_curves  # noqa: E402
+
+__all__ = ["before_after_plot", "cutoff_plot", "loss_curves", "merge_curves", "metric_kind", "reject_reasons_plot",
+           "stage_summary_plot"]
