@@ -2,11 +2,15 @@
 wall time and MLflow run id, so a person sees at a glance what each stage bought.
 
 `stagewise run` and `stagewise demo` print it (flows/cli/run.py); `--json` gives the same rows
-under "stages". The parent MLflow run keeps it as `reports/closing_table.json` and a chart,
-`reports/closing_table.png`. A stage adds its row by returning a StageResult with a summary.
+under "stages". The parent MLflow run keeps it as `reports/closing_table.{json,txt,png}` and
+the one-page report `reports/pipeline_report.{png,html}` (also under `<workdir>/reports/`): the
+rows as a chart, pretraining and long-context loss on one token axis, the gate decisions. A
+stage adds its row by returning a StageResult with a summary.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from tasks.refs import StageResult
 from tasks.tracking import Tracker
@@ -48,12 +52,37 @@ def render(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult]) -> list[dict]:
-    """Keep the table in the pipeline's MLflow run: JSON rows and a chart."""
+CURVE_STAGES = ("pretrain", "long_context")
+"""Stages whose training loss the one-page report draws on one token axis."""
+
+
+def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult], workdir: str | Path) -> list[dict]:
+    """Keep the table in the pipeline's MLflow run (JSON rows, text, chart) and the one-page
+    report (eval/report.py: PNG + self-contained HTML) there and under `<workdir>/reports/`."""
     from eval.plots import stage_summary_plot
+    from eval.report import pipeline_report
 
     rows = closing_rows(results)
     tracker.log_json(run_id, {"stages": rows}, "reports/closing_table.json")
     tracker.log_text(run_id, render(rows) + "\n", "reports/closing_table.txt")
     tracker.log_figure(run_id, stage_summary_plot(rows), "reports/closing_table.png")
+    for path in pipeline_report(rows, loss_curves(tracker, results), gate_decisions(results), Path(workdir) / "reports"):
+        tracker.log_artifact(run_id, path, "reports")
     return rows
+
+
+def loss_curves(tracker: Tracker, results: list[StageResult]) -> dict[str, list[tuple[float, float]]]:
+    """{stage: [(tokens_seen, train/lm_loss), ...]} of the stages that train a language model,
+    read from the run that trained them (a reused stage's own run has no curve)."""
+    curves = {}
+    for r in results:
+        if r.stage in CURVE_STAGES:
+            history = tracker.metric_histories(r.trained_in_run or r.run_id, ["train/lm_loss"]).get("train/lm_loss", [])
+            curves[r.stage] = [(tokens, value) for _, tokens, value in history]
+    return curves
+
+
+def gate_decisions(results: list[StageResult]) -> list[dict]:
+    """The gate decision each stage ended on (stage, action, reason, tokens_seen)."""
+    return [{"stage": r.stage, "action": r.gate.get("action"), "reason": r.gate.get("reason", ""),
+             "tokens_seen": r.gate.get("tokens_seen")} for r in results if r.gate]

@@ -57,7 +57,7 @@ def long_context_spec(block: LongContextInputs, train, blend: dict, seed: int) -
     return {"stage": block.stage, "train": train, "blend": blend, "mtp": block.mtp, "seed": seed}
 
 
-@flow(name="long_context", log_prints=True)
+@flow(name="long_context")
 def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Upstream) -> StageResult:
     """Continue pretraining the checkpoint handed on (merge's or pretraining's) on long sequences."""
     from data.long_context import DOC_QA, long_context_blend

@@ -60,7 +60,7 @@ def _report(tracker: Tracker, run_id: str, windows: list[int]) -> None:
     tracker.log_figure(run_id, merge_curves(histories), "reports/merge_vs_trained.png")
 
 
-@flow(name="merge", log_prints=True)
+@flow(name="merge")
 def merge_flow(ctx: StageContext, block: MergeInputs, upstream: Upstream) -> StageResult:
     """Merge the checkpoints of pretraining's stage dir over `windows_tokens` and hand on the best."""
     from model.merge import checkpoints_with_tokens

@@ -44,7 +44,7 @@ def chosen_stages(recipe: Recipe, stages: list[str] | None) -> list[Stage]:
     return [s for s in REGISTRY if (s.name in names if names else s.select(recipe) is not None)]
 
 
-@flow(name="stagewise-pipeline", log_prints=True)
+@flow(name="stagewise-pipeline")
 def pipeline_flow(
     recipe: Recipe, base_dir: str, stages: list[str] | None = None, resume: bool = False,
     runtime: Runtime | None = None,
@@ -72,7 +72,7 @@ def pipeline_flow(
                 result.summary.seconds = round(time.monotonic() - started, 1)
             upstream = Upstream(results=[*upstream.results, result])
         tracker.log_json(parent, [r.model_dump() for r in upstream.results], "stage_results.json")
-        log_closing_table(tracker, parent, upstream.results)
+        log_closing_table(tracker, parent, upstream.results, workdir)
     return upstream.results
 
 

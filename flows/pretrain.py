@@ -83,7 +83,7 @@ def evaluator(prepared: PreparedRef, seq_length: int, val_tokens: int, suite: li
     return evaluate
 
 
-@flow(name="pretrain", log_prints=True)
+@flow(name="pretrain")
 def pretrain_flow(ctx: StageContext, block: PretrainInputs, upstream: Upstream | None = None) -> StageResult:
     """Phased pretraining of `block.stage` (a `stages.pretrain` block) on the recipe's data."""
     logger = get_run_logger()

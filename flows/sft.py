@@ -178,7 +178,7 @@ def sft_spec(block: SFTInputs, packs: list[PackedRef], heldout: str | None, seed
             "heldout": file_hash(heldout) if heldout else None}
 
 
-@flow(name="sft", log_prints=True)
+@flow(name="sft")
 def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = None) -> StageResult:
     """Supervised fine-tuning through the sub-stages of `block.stage` (a `stages.sft` block), from
     the checkpoint the previous stage handed on, else `model.from`."""

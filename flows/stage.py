@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from model.runtime import Runtime
 from tasks.refs import CheckpointRef, StageResult
+from tasks.policy import run_logger
 from tasks.steps import finished, mark_finished, reuse
 from tasks.tracking import STAGE_TAG, Tracker
 
@@ -90,7 +91,19 @@ def stage_run(ctx: StageContext, name: str, tags: dict[str, str] | None = None) 
     """The stage's MLflow run (nested under the pipeline's), with the runtime logged as params."""
     with ctx.tracker.run(name, {STAGE_TAG: name.split("/")[0], **(tags or {})}, ctx.parent_run_id) as run_id:
         ctx.tracker.log_params(run_id, ctx.runtime.params())
+        run_logger().info("%s: starting on %s/%s (MLflow run %s)", name, ctx.runtime.device, ctx.runtime.precision, run_id)
         yield run_id
+
+
+def _say(result: StageResult, how: str) -> None:
+    """The lines a person reads in the stage's log: what happened, what it bought, where to look."""
+    log = run_logger()
+    log.info("%s: %s", result.stage, how)
+    s = result.summary
+    if s is not None and s.after is not None:
+        before = "-" if s.before is None else f"{s.before:.4g}"
+        log.info("%s: %s %s -> %.4g over %s tokens", result.stage, s.metric, before, s.after, f"{s.tokens:,}")
+    log.info("%s: hands on %s (MLflow run %s)", result.stage, result.checkpoint, result.run_id)
 
 
 def reused_result(ctx: StageContext, stage: str, run_id: str, out_dir: Path) -> StageResult | None:
@@ -99,13 +112,15 @@ def reused_result(ctx: StageContext, stage: str, run_id: str, out_dir: Path) -> 
     if record is None or not Path(record["result"]["checkpoint"]).exists():
         return None
     record = reuse(stage, out_dir, record)
-    result = StageResult.model_validate({**record["result"], "run_id": run_id, "reused": True})
+    trained_in = record["result"].get("trained_in_run") or record["result"]["run_id"]
+    result = StageResult.model_validate({**record["result"], "run_id": run_id, "reused": True, "trained_in_run": trained_in})
     step, tokens = record.get("at", (0, 0))
     ctx.tracker.set_tags(run_id, {REUSED_TAG: "true", STAGE_DIR_TAG: str(out_dir),
                                   "stagewise.reused_from_run": record["result"]["run_id"]})
     if record.get("metrics"):
         ctx.tracker.log_metrics(run_id, [(step, tokens, record["metrics"])])
     ctx.tracker.register_checkpoint(ctx.tracker.experiment, Path(result.checkpoint), run_id, alias=stage)
+    _say(result, f"reused (finished earlier in {out_dir}; trained in MLflow run {trained_in})")
     return result
 
 
@@ -115,6 +130,7 @@ def finish(ctx: StageContext, out_dir: Path, result: StageResult, metrics: dict[
 
     `metrics` (MLflow names) at `at` = (step, tokens) are what a rerun re-logs when it reuses the step."""
     ctx.tracker.register_checkpoint(ctx.tracker.experiment, Path(result.checkpoint), result.run_id, alias=result.stage)
+    _say(result, "finished")
     mark_finished(out_dir, {"result": result.model_dump(mode="json"), "metrics": metrics or {}, "at": list(at),
                             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     return result

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import task
 
 from tasks.refs import CheckpointRef, PreparedRef
 from tasks.tracking import Tracker
-from tasks.policy import retrying
-
-
-def task_logger() -> logging.Logger | logging.LoggerAdapter:
-    """The Prefect run logger, or a plain one when a task's `.fn` runs outside a flow (tests, notebooks)."""
-    from prefect.exceptions import MissingContextError
-
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger("stagewise.tasks")
+from tasks.policy import retrying, run_logger
 
 
 def _val_streams(prepared_root: Path) -> dict:
@@ -53,7 +42,7 @@ def validation_task(
     model = load_model(Path(checkpoint.path), device=device)
     metrics = validation_loss(model, _val_streams(Path(prepared.root)), seq_length, max_tokens, device=device)
     metrics["unigram_baseline"] = unigram_cross_entropy(PreparedData.load(Path(prepared.root)))
-    task_logger().info(
+    run_logger().info(
         "validation loss %.4f (unigram baseline %.4f) at %d tokens",
         metrics["loss"], metrics["unigram_baseline"], checkpoint.tokens_seen,
     )
@@ -95,7 +84,7 @@ def suite_task(
 
     result = run_checkpoint(Path(checkpoint.path), tasks, limit=limit, device=device)
     metrics = {f"{prefix}/{k}": v for k, v in result.metrics.items()}
-    task_logger().info("%s at %d tokens: %s", prefix, checkpoint.tokens_seen,
+    run_logger().info("%s at %d tokens: %s", prefix, checkpoint.tokens_seen,
                           ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
     if tracker and run_id:
         tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, metrics)])
@@ -114,7 +103,7 @@ def gate_task(gate, tracker: Tracker, run_id: str, tokens_seen: int, budget_exha
     out = decision.to_dict()
     tracker.set_tags(run_id, {"stagewise.gate": decision.action, "stagewise.gate_reason": decision.reason[:4000]})
     tracker.log_json(run_id, out, f"gate/decision_{tokens_seen:012d}.json")
-    task_logger().info("gate: %s (%s)", decision.action, decision.reason)
+    run_logger().info("gate: %s (%s)", decision.action, decision.reason)
     return out
 
 
@@ -145,7 +134,7 @@ def heldout_task(
     metrics = heldout_answers(model, tokenizer, convs, limit, device=device)
     metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit, device=device)
     named = {f"eval/{HELDOUT_TASK}/{k}": v for k, v in metrics.items()}
-    task_logger().info("held-out conversations at %d tokens: %s", checkpoint.tokens_seen,
+    run_logger().info("held-out conversations at %d tokens: %s", checkpoint.tokens_seen,
                           ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
     if tracker and run_id:
         tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, named)])

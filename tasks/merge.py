@@ -7,10 +7,10 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.evaluate import suite_task, task_logger, validation_task
+from tasks.evaluate import suite_task, validation_task
 from tasks.refs import CheckpointRef, PreparedRef
 from tasks.tracking import Tracker
-from tasks.policy import retrying
+from tasks.policy import retrying, run_logger
 
 
 def _ref(path: Path) -> CheckpointRef:
@@ -47,7 +47,7 @@ def merge_at_checkpoint_task(
     written under `out_root/<step>-w<window>` (the caller keeps only the best)."""
     from model.merge import merge_checkpoints, merge_coefficients, select_window
 
-    logger = task_logger()
+    logger = run_logger()
     trained = _ref(Path(end))
 
     def score(ref: CheckpointRef, prefix: str) -> float:

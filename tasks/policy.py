@@ -31,3 +31,17 @@ def retrying(name: str) -> dict[str, Any]:
 def once(name: str) -> dict[str, Any]:
     """`@task(**once("name"))`: a task Prefect must not rerun by itself (training)."""
     return {"name": name, "cache_policy": NO_CACHE, "persist_result": True}
+
+
+def run_logger():
+    """The Prefect run logger inside a flow or task, a plain `stagewise` logger elsewhere (a task's
+    `.fn` in a test or notebook), so task and stage bodies log the same way wherever they run."""
+    import logging
+
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("stagewise")

@@ -19,10 +19,9 @@ refuse bad data with a message that names the recipe field. Metrics (all at step
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import task
 from pydantic import BaseModel
 
 from data.sft_assembly import IM_END, SFTDataError, chat_eos, keep_previous, realised_mixture  # noqa: F401 (re-exported)
@@ -30,7 +29,7 @@ from data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
 from tasks.refs import CheckpointRef
 from tasks.steps import cached, step_dir, step_hash
 from tasks.tracking import Tracker
-from tasks.policy import retrying
+from tasks.policy import retrying, run_logger
 
 SFT_DATA_VERSION = 4
 """Bump when the way SFT data is generated, curated, sampled or packed changes (new directories)."""
@@ -61,16 +60,6 @@ class PackedRef(BaseModel):
 
 # --------------------------------------------------------------------------- pure helpers
 
-def _logger():
-    """The Prefect run logger, or a plain one when a task's `.fn` is called outside a run (tests, notebooks)."""
-    from prefect.exceptions import MissingContextError
-
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger("stagewise.sft")
-
-
 def file_digest(path: str | Path) -> str:
     from data.digest import file_sha256
 
@@ -98,7 +87,7 @@ def sft_world_task(world: SFTWorldConfig, entities: int, seed: int, workdir: str
         return cached(str(out), key, f"SFT world: reused {out}")
     with building(out) as tmp:
         generate_sft_world(tmp, seed, world.per_domain, world.long_context, world.eval_fraction, entities)
-    _logger().info("SFT world written to %s", out)
+    run_logger().info("SFT world written to %s", out)
     return str(out)
 
 
@@ -137,7 +126,7 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
 
 
 def _log_curation(summary: dict, root: Path, tracker: Tracker | None, run_id: str | None) -> None:
-    logger = _logger()
+    logger = run_logger()
     for name, r in summary.items():
         logger.info("curated %s: kept %d of %d (%s)", name, r["kept"], r["total"],
                     ", ".join(f"{k} {v}" for k, v in r["rejected"].items()) or "nothing rejected")
@@ -221,7 +210,7 @@ def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | 
 
 def _log_packing(name: str, ref: PackedRef, doc: dict, tracker: Tracker | None, run_id: str | None) -> None:
     r = ref.report
-    _logger().info(
+    run_logger().info(
         "sft %s: %d conversations -> %d packs of %d tokens, efficiency %.1f%%, dropped %d, supervised tokens %d; mix %s",
         name, r["conversations"], r["packs"], r["pack_size"], 100 * r["efficiency"], r["dropped"],
         r["supervised_tokens"], ", ".join(f"{k} {v:.2f}" for k, v in ref.mixture.items()))

@@ -102,7 +102,10 @@ def test_the_pipeline_run_keeps_the_closing_table(pipeline_run):
     client = MlflowClient(tracking_uri=summary["tracking_uri"])
     parent = client.get_run(summary["stages"][0]["run_id"]).data.tags["mlflow.parentRunId"]
     assert {a.path for a in client.list_artifacts(parent, "reports")} >= {
-        "reports/closing_table.json", "reports/closing_table.png", "reports/closing_table.txt"}
+        "reports/closing_table.json", "reports/closing_table.png", "reports/closing_table.txt",
+        "reports/pipeline_report.png", "reports/pipeline_report.html"}
+    html = (Path(summary["workdir"]) / "reports" / "pipeline_report.html").read_text()
+    assert "long_context" in html and "data:image/png;base64," in html
     table = json.loads(Path(client.download_artifacts(parent, "reports/closing_table.json")).read_text())
     assert [r["stage"] for r in table["stages"]] == ["pretrain", "merge", "long_context"]
     pre = summary["stages"][0]
