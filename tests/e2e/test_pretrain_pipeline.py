@@ -9,6 +9,7 @@ per-length loss before and after. One run serves all the tests (pretraining is t
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,8 +95,36 @@ def test_a_rerun_trains_nothing_and_prefect_reports_the_steps_cached(pipeline_ru
     assert len(data) == 1 and data[0].state.name == "Cached"
 
 
+PROGRESS = re.compile(r"\d+%\||it/s\]|━━|Running (generate_until|loglikelihood) requests|LOAD_(GLOBAL|ATTR)")
+
+
 @pytest.mark.slow
-def test_the_pipeline_run_keeps_the_closing_table(pipeline_run):
+def test_the_flow_logs_hold_what_a_person_reads_and_no_progress_bars(pipeline_run):
+    """Read through the Prefect API: each stage says it started, what it handed on; no bar, no library dump."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, LogFilter, LogFilterFlowRunId
+
+    _, summary = pipeline_run
+    root = summary["prefect_flow_run_id"]
+
+    async def read() -> list:
+        async with get_client() as client:
+            children = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[root])))
+            ids = [root, *(str(f.id) for f in children)]
+            return await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
+
+    messages = [log.message for log in asyncio.run(read())]
+    assert not [m for m in messages if PROGRESS.search(m)], [m for m in messages if PROGRESS.search(m)][:5]
+    for stage in ("pretrain", "merge", "long_context"):
+        assert any(m.startswith(f"{stage}: starting on cpu/fp32") for m in messages), stage
+        assert any(m.startswith(f"{stage}: hands on ") for m in messages), stage
+
+
+@pytest.mark.slow
+def test_the_pipeline_run_keeps_the_closing_table(pipeline_run, tmp_path):
     from mlflow import MlflowClient
 
     _, summary = pipeline_run
@@ -104,8 +133,11 @@ def test_the_pipeline_run_keeps_the_closing_table(pipeline_run):
     assert {a.path for a in client.list_artifacts(parent, "reports")} >= {
         "reports/closing_table.json", "reports/closing_table.png", "reports/closing_table.txt",
         "reports/pipeline_report.png", "reports/pipeline_report.html"}
-    html = (Path(summary["workdir"]) / "reports" / "pipeline_report.html").read_text()
-    assert "long_context" in html and "data:image/png;base64," in html
+    html = Path(summary["workdir"]) / "reports" / "pipeline_report.html"
+    assert "long_context" in html.read_text() and "data:image/png;base64," in html.read_text()
+    from tests.eval.test_report_browser import check_in_chromium
+
+    check_in_chromium(html, tmp_path / "pipeline_report_screenshot.png")  # a person opens it in a browser
     table = json.loads(Path(client.download_artifacts(parent, "reports/closing_table.json")).read_text())
     assert [r["stage"] for r in table["stages"]] == ["pretrain", "merge", "long_context"]
     pre = summary["stages"][0]

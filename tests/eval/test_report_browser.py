@@ -34,9 +34,16 @@ def _rows_with(mask: np.ndarray) -> np.ndarray:
 
 def test_the_html_report_renders_its_table_and_charts_in_chromium(tmp_path):
     _png, html = pipeline_report(ROWS, CURVES, GATES, tmp_path)
-    shot = tmp_path / "screenshot.png"
+    check_in_chromium(html, tmp_path / "screenshot.png")
+    html_text = html.read_text()
+    for row in ROWS:
+        assert f">{row['stage']}<" in html_text
+
+
+def check_in_chromium(html, shot) -> None:
+    """Screenshot `html` with headless Chromium into `shot`; assert it shows text above charts."""
     cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2400", f"--screenshot={shot}",
+           f"--user-data-dir={shot.parent / 'chromium-profile'}", "--window-size=1280,2400", f"--screenshot={shot}",
            html.as_uri()]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert shot.is_file(), proc.stderr[-2000:]
@@ -49,6 +56,3 @@ def test_the_html_report_renders_its_table_and_charts_in_chromium(tmp_path):
     assert blue.sum() > 5_000, "no chart on the page"
     above_chart = _rows_with(ink)[_rows_with(ink) < _rows_with(blue)[0]]
     assert above_chart.size > 100, "nothing above the charts: the table is missing"
-    html_text = html.read_text()
-    for row in ROWS:
-        assert f">{row['stage']}<" in html_text
