@@ -22,7 +22,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from eval.plots.compare import cost_panels, stage_panels, summary_title
+from eval.plots.compare import closing_columns, closing_panels, summary_title
 from eval.plots.kinds import AXIS_LABEL, moved
 from eval.plots.marks import fmt
 
@@ -72,20 +72,12 @@ def _gate_lines(gates: list[dict]) -> list[str]:
 
 def report_figure(rows: list[dict], curves: dict[str, list[tuple[float, float]]], gates: list[dict]):
     """The report as one matplotlib figure (stage slopes, costs, loss across stages, gate decisions)."""
-    shown = [r for r in rows if r.get("after") is not None]
-    columns = max(len(shown), 2)
+    columns = closing_columns(rows)
     has_curves = any(curves.values())
     heights = [3.0, 0.35 * len(rows) + 1.0] + ([3.2] if has_curves else []) + [0.3 * len(gates) + 0.8]
     fig = plt.figure(figsize=(max(2.6 * columns, 9), sum(heights) + 1.4), dpi=110)
     grid = fig.add_gridspec(len(heights), columns, height_ratios=heights)
-    wins = stage_panels([fig.add_subplot(grid[0, i]) for i in range(len(shown))], shown) if shown else 0
-    if not shown:
-        ax = fig.add_subplot(grid[0, :])
-        ax.text(0.5, 0.5, "no stage reported a metric", ha="center", va="center")
-        ax.set_axis_off()
-    if rows:
-        half = columns // 2
-        cost_panels(fig.add_subplot(grid[1, :half]), fig.add_subplot(grid[1, half:]), rows)
+    wins = closing_panels(fig, grid, rows)
     if has_curves:
         _curves_panel(fig.add_subplot(grid[2, :]), curves, gates)
     text_ax = fig.add_subplot(grid[-1, :])

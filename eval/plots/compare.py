@@ -88,10 +88,24 @@ def stage_summary_plot(rows: list[dict]):
 
     `rows` are the dicts of `stagewise run --json` (stage, metric, before, after,
     higher_is_better, tokens, seconds). A rate target gets a 0-1 axis; a loss its own."""
-    shown = [r for r in rows if r.get("after") is not None]
-    columns = max(len(shown), 2)
+    columns = closing_columns(rows)
     fig = plt.figure(figsize=(max(2.6 * columns, 8), 3.4 + 0.35 * len(rows) + 1.2), dpi=110)
     grid = fig.add_gridspec(2, columns, height_ratios=[3.2, 0.35 * len(rows) + 1.0])
+    wins = closing_panels(fig, grid, rows)
+    fig.suptitle(summary_title(rows, wins), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def closing_columns(rows: list[dict]) -> int:
+    """Grid columns the closing table's panels need: one per stage with a metric, at least two."""
+    return max(sum(r.get("after") is not None for r in rows), 2)
+
+
+def closing_panels(fig, grid, rows: list[dict]) -> int:
+    """The closing table on the first two rows of `grid` (closing_columns wide): a before -> after
+    slope per stage, then tokens and wall time per stage; returns how many stages moved the right way."""
+    shown = [r for r in rows if r.get("after") is not None]
     wins = 0
     if shown:
         wins = stage_panels([fig.add_subplot(grid[0, i]) for i in range(len(shown))], shown)
@@ -100,8 +114,6 @@ def stage_summary_plot(rows: list[dict]):
         ax.text(0.5, 0.5, "no stage reported a metric", ha="center", va="center")
         ax.set_axis_off()
     if rows:
-        half = columns // 2
+        half = closing_columns(rows) // 2
         cost_panels(fig.add_subplot(grid[1, :half]), fig.add_subplot(grid[1, half:]), rows)
-    fig.suptitle(summary_title(rows, wins), fontsize=10)
-    fig.tight_layout()
-    return fig
+    return wins

@@ -46,19 +46,23 @@ def pipeline_run(tmp_path_factory):
     return workdir, _run(_command(workdir, "pretrain,merge,long_context"))
 
 
-def _task_runs(flow_run_id: str) -> list:
-    """Every task run of a pipeline flow run and its stage subflows, read through the Prefect API."""
+def _from_prefect(flow_run_id: str, what: str) -> list:
+    """The task runs (`what="tasks"`) or log lines (`what="logs"`) of a pipeline flow run and its
+    stage subflows, read through the Prefect API as the UI reads them."""
     import asyncio
 
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId, LogFilter,
+                                                LogFilterFlowRunId)
 
     async def read() -> list:
         async with get_client() as client:
             children = await client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
             ids = [flow_run_id, *(str(f.id) for f in children)]
-            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+            if what == "tasks":
+                return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+            return await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
 
     return asyncio.run(read())
 
@@ -84,7 +88,7 @@ def test_a_rerun_trains_nothing_and_prefect_reports_the_steps_cached(pipeline_ru
         assert stage["reused"]
     assert again["stages"][1]["metrics"] == first["stages"][1]["metrics"]
     assert [(s["before"], s["after"]) for s in again["stages"]] == [(s["before"], s["after"]) for s in first["stages"]]
-    runs = _task_runs(again["prefect_flow_run_id"])
+    runs = _from_prefect(again["prefect_flow_run_id"], "tasks")
     names = [r.name.rsplit("-", 1)[0] for r in runs]
     assert "train" not in names and "validation-loss" not in names and "needle-eval" not in names, names
     reused = [r for r in runs if r.name.startswith("reuse-step")]
@@ -101,22 +105,8 @@ PROGRESS = re.compile(r"\d+%\||it/s\]|━━|Running (generate_until|loglikeliho
 @pytest.mark.slow
 def test_the_flow_logs_hold_what_a_person_reads_and_no_progress_bars(pipeline_run):
     """Read through the Prefect API: each stage says it started, what it handed on; no bar, no library dump."""
-    import asyncio
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, LogFilter, LogFilterFlowRunId
-
     _, summary = pipeline_run
-    root = summary["prefect_flow_run_id"]
-
-    async def read() -> list:
-        async with get_client() as client:
-            children = await client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[root])))
-            ids = [root, *(str(f.id) for f in children)]
-            return await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
-
-    messages = [log.message for log in asyncio.run(read())]
+    messages = [log.message for log in _from_prefect(summary["prefect_flow_run_id"], "logs")]
     assert not [m for m in messages if PROGRESS.search(m)], [m for m in messages if PROGRESS.search(m)][:5]
     for stage in ("pretrain", "merge", "long_context"):
         assert any(m.startswith(f"{stage}: starting on cpu/fp32") for m in messages), stage

@@ -10,17 +10,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from eval.report import continued, pipeline_report, report_figure
+from tests.eval.test_plots import ROWS  # the same closing table as the chart tests
 
-ROWS = [
-    {"stage": "pretrain", "metric": "eval/validation/loss", "before": 8.3, "after": 2.99, "higher_is_better": False,
-     "tokens": 1_200_000, "seconds": 410.0},
-    {"stage": "merge", "metric": "merge/handed_on_loss", "before": 2.962, "after": 2.884, "higher_is_better": False,
-     "tokens": 0, "seconds": 35.0},
-    {"stage": "long_context", "metric": "eval/loss/2048", "before": 3.1, "after": 3.077, "higher_is_better": False,
-     "tokens": 300_000, "seconds": 160.0},
-    {"stage": "sft", "metric": "eval/sft_heldout/exact_match", "before": 0.0, "after": 0.055,
-     "higher_is_better": True, "tokens": 90_000, "seconds": 140.0},
-]
 # long context counts its tokens from its own start; the report continues it after pretraining
 CURVES = {"pretrain": [(t * 100_000, 8.3 - 0.44 * t) for t in range(13)],
           "long_context": [(t * 50_000, 3.1 - 0.004 * t) for t in range(7)]}
