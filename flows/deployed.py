@@ -1,0 +1,60 @@
+"""The flow the Prefect deployments run: a recipe path plus small typed parameters, checked first.
+
+`stagewise run` takes a recipe file, `--stages`, `--set` and `--resume`; a deployment triggered
+from the Prefect UI (or a schedule) takes the same four things as flow parameters, typed so the
+UI renders a form: the recipe path (str), the stages (a multi-select of the stages this version
+can run), the overrides (`key=value` strings, exactly what `--set` takes) and resume (bool).
+
+The flow checks its parameters before any work, with the same code and the same located
+message as the CLI (`<yaml.path>: <why> (<file>:<line>)`): a bad override, a stage the recipe
+lacks or a selection that cannot start raises BadInput, so the flow run ends Failed with that
+message and nothing is trained or written under the workdir. Prefect's own parameter
+validation is off (`validate_parameters=False`) so the located message, not a pydantic dump,
+is what a person reads; the server still refuses values outside the form's schema when a
+deployment enforces it.
+
+A relative recipe path is read from the directory `stagewise serve` was started in (the
+runner starts each flow run there).
+"""
+
+from typing import Literal, Optional
+
+from prefect import flow, get_run_logger
+
+from flows.recipe import LoadedRecipe, available_stages, load_recipe, select_stages
+
+StageName = Literal[tuple(available_stages())]  # type: ignore[valid-type]  # the UI's multi-select
+"""The stages this version can run, as the form's choices."""
+
+
+def check_request(recipe: str, stages: Optional[list[str]], overrides: Optional[list[str]]) -> tuple[LoadedRecipe, Optional[list[str]]]:
+    """The loaded recipe and the stage selection in pipeline order; BadInput (located) when unusable.
+
+    What `stagewise run` checks before Prefect starts: the recipe with its overrides, then
+    the stage names against the recipe.
+    """
+    loaded = load_recipe(recipe, list(overrides or []))
+    return loaded, (select_stages(loaded.recipe, list(stages)) if stages else None)
+
+
+@flow(name="stagewise-recipe", validate_parameters=False, log_prints=False)
+def run_recipe_flow(
+    recipe: str,
+    stages: Optional[list[StageName]] = None,  # type: ignore[valid-type]
+    overrides: Optional[list[str]] = None,
+    resume: bool = False,
+) -> dict:
+    """Run a recipe's stages (all of them when `stages` is empty) as `stagewise run` does.
+
+    `overrides` are `--set` values, e.g. `stages.pretrain.tokens=491520`; `resume` continues each
+    stage from its latest checkpoint. Returns the run's summary (the `stagewise run --json` document).
+    """
+    from flows.pipeline import run_pipeline  # the stages (torch) load only once the input is good
+
+    loaded, chosen = check_request(recipe, stages, overrides)
+    logger = get_run_logger()
+    logger.info("recipe %s (%s), stages %s, overrides %s, resume %s", loaded.path, loaded.recipe.name,
+                ",".join(chosen) if chosen else "all", list(overrides or []) or "none", resume)
+    summary = run_pipeline(loaded, stages=chosen, resume=resume)
+    logger.info("done: workdir %s; MLflow %s (experiment %s)", summary["workdir"], summary["tracking_uri"], summary["experiment"])
+    return summary
