@@ -1,0 +1,226 @@
+"""End to end: a real `prefect server`, `stagewise serve`, and runs triggered as the UI's Run button does.
+
+The test starts `prefect server start` on 127.0.0.1 (a free port, its own PREFECT_HOME) and
+`stagewise serve` against it, both as subprocesses stopped when the module ends, then talks to
+the server through the Prefect client (`run_deployment` is what the Run button calls):
+
+- serve registers the pipeline, the weekly and the per-stage deployments, with the stages form;
+- the weekly deployment has its next runs scheduled by the server;
+- a value outside the form (an unknown stage) is refused by the server, naming the field;
+- bad parameters that pass the form (a bad override, a stage the recipe lacks) fail the flow
+  run with the located message `stagewise run` prints, and nothing is written to the workdir;
+- a two-stage run (pretrain,merge on a tiny budget) completes and its MLflow runs exist,
+  tagged with the pipeline's Prefect flow run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "tiny.yaml"
+BIN = Path(sys.executable).parent
+NAMES = {"pipeline", "weekly", "pretrain", "merge", "long_context", "sft"}
+SMALL = [  # 16 steps of 2048 tokens, two checkpoints, one 2-checkpoint merge window
+    "stages.pretrain.tokens=32768", "stages.pretrain.global_batch=8", "stages.pretrain.micro_batch=8",
+    "stages.pretrain.checkpoint_every_tokens=16384", "stages.pretrain.schedule.warmup_tokens=4096",
+    "stages.pretrain.val_tokens=8192", "stages.merge.windows_tokens=[16384]", "stages.merge.val_tokens=8192",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM (serve pauses its deployments), then SIGKILL if it lingers."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A Prefect server on a free port: (api url, environment for its clients)."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=url, PREFECT_SERVER_ANALYTICS_ENABLED="false", CI="1")
+    log = home / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                                 "--analytics-off"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=home)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "prefect server did not start:\n" + _tail(log)
+            time.sleep(1)
+        yield url, env
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def client_settings(server):
+    """This process's Prefect client pointed at the test server (settings are read once at import)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: server[0]}):
+        yield
+
+
+def _deployments() -> dict:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterTags
+
+    async def read() -> dict:
+        async with get_client() as client:
+            found = await client.read_deployments(deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=["stagewise"])))
+            return {d.name: d for d in found}
+
+    return asyncio.run(read())
+
+
+@pytest.fixture(scope="module")
+def served(server, client_settings, tmp_path_factory):
+    """`stagewise serve --recipe recipes/tiny.yaml`, run from another directory, until the module ends."""
+    cwd = tmp_path_factory.mktemp("serve")
+    log = cwd / "serve.log"
+    env = dict(server[1], PREFECT_RUNNER_POLL_FREQUENCY="1")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(BIN / "stagewise"), "serve", "--recipe", str(TINY)], env=env, cwd=cwd,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while set(_deployments()) != NAMES:
+            assert proc.poll() is None and time.monotonic() < deadline, "stagewise serve did not register:\n" + _tail(log)
+            time.sleep(1)
+        yield log
+    finally:
+        _stop(proc)
+
+
+def _trigger(served: Path, deployment: str, parameters: dict, timeout: float = 600):
+    """A flow run of `stagewise-recipe/<deployment>` as the UI's Run button makes it, followed to its end."""
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(f"stagewise-recipe/{deployment}", parameters=parameters, poll_interval=1, timeout=timeout)
+    assert run.state.is_final(), f"{run.state!r} after {timeout} s\n" + _tail(served)
+    return run
+
+
+@pytest.mark.slow
+def test_serve_registers_the_deployments_with_the_stages_form(served):
+    found = _deployments()
+    assert set(found) == NAMES
+    stages = found["pipeline"].parameter_openapi_schema["properties"]["stages"]
+    items = [s for s in stages["anyOf"] if s.get("type") == "array"][0]["items"]
+    assert items["enum"] == ["pretrain", "merge", "long_context", "sft"]
+    assert found["merge"].parameters["stages"] == ["pretrain", "merge"]
+    assert all(d.parameters["recipe"] == str(TINY) for d in found.values())
+
+
+@pytest.mark.slow
+def test_the_weekly_deployment_has_its_next_run_scheduled(served):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState,
+                                                FlowRunFilterStateName)
+
+    weekly = _deployments()["weekly"]
+    assert [s.schedule.cron for s in weekly.schedules] == ["0 3 * * 0"]
+
+    async def scheduled() -> list:
+        async with get_client() as client:
+            return await client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[weekly.id])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(name=FlowRunFilterStateName(any_=["Scheduled"]))))
+
+    deadline = time.monotonic() + 60  # the server's scheduler looks at new deployments every few seconds
+    while not (runs := asyncio.run(scheduled())):
+        assert time.monotonic() < deadline, "no scheduled run of the weekly deployment"
+        time.sleep(2)
+    first = min(r.expected_start_time for r in runs)
+    from datetime import datetime, timedelta, timezone
+
+    now = datetime.now(timezone.utc)
+    assert now < first <= now + timedelta(days=7) and first.weekday() == 6 and (first.hour, first.minute) == (3, 0)
+
+
+@pytest.mark.slow
+def test_a_stage_outside_the_form_is_refused_by_the_server(served):
+    from prefect.deployments import run_deployment
+
+    with pytest.raises(Exception, match=r"stages\[0\].*'pretrian' is not one of"):
+        run_deployment("stagewise-recipe/pipeline", parameters={"stages": ["pretrian"]}, timeout=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["bad override", "stage the recipe lacks"])
+def test_bad_parameters_fail_the_flow_run_with_the_located_message_and_train_nothing(served, tmp_path, case):
+    workdir = tmp_path / "w"
+    if case == "bad override":
+        params = {"stages": ["pretrain"], "overrides": [f"workdir={workdir}", "stages.pretrain.tokenz=5"]}
+        where = "stages.pretrain.tokenz: unknown key; did you mean tokens? (--set stages.pretrain.tokenz=5)"
+    else:
+        recipe = tmp_path / "no_sft.yaml"
+        recipe.write_text(f"base: {TINY}\nstages:\n  sft: null\n")
+        params = {"recipe": str(recipe), "stages": ["pretrain", "sft"], "overrides": [f"workdir={workdir}"]}
+        where = "--stages: the recipe has no stages.sft block"
+    run = _trigger(served, "pipeline", params, timeout=180)
+    assert run.state.is_failed(), run.state
+    assert "BadInput" in run.state.message and where in run.state.message, run.state.message
+    assert not workdir.exists()  # no stage directory, no MLflow store: nothing started
+
+
+@pytest.mark.slow
+def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served, tmp_path):
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    workdir = tmp_path / "w"
+    started = time.monotonic()
+    run = _trigger(served, "pipeline", {"stages": ["merge", "pretrain"], "overrides": [f"workdir={workdir}", *SMALL]})
+    assert run.state.is_completed(), f"{run.state!r}\n" + _tail(served)
+    print(f"two-stage run: {time.monotonic() - started:.0f} s")
+
+    async def subflows() -> list:
+        async with get_client() as client:
+            return await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+
+    pipeline = [f for f in asyncio.run(subflows()) if f.state.is_completed()]
+    assert pipeline, "no completed pipeline subflow under the deployment's flow run"
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("prefect.flow_run_id") in {str(f.id) for f in pipeline}]
+    assert len(parents) == 1, [r.data.tags for r in runs]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert {r.data.tags.get("stagewise.stage") for r in children} >= {"pretrain", "merge"}
+    assert all(r.info.status == "FINISHED" for r in [*parents, *children])
+    assert sorted(p.name for p in (workdir / "stages").iterdir() if p.is_dir())[0].startswith("pretrain-")
