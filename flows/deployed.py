@@ -37,6 +37,18 @@ def check_request(recipe: str, stages: Optional[list[str]], overrides: Optional[
     return loaded, (select_stages(loaded.recipe, list(stages)) if stages else None)
 
 
+def publish_summary(summary: dict) -> None:
+    """The closing table and where the results are, as a markdown artifact on the flow run's page."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from flows.closing_table import render
+
+    create_markdown_artifact(
+        key="stagewise-closing-table", description=f"{summary['recipe']}: one row per stage",
+        markdown=(f"```\n{render(summary['stages'])}\n```\n\nWorkdir `{summary['workdir']}`; MLflow "
+                  f"`{summary['tracking_uri']}` (experiment `{summary['experiment']}`)."))
+
+
 @flow(name="stagewise-recipe", validate_parameters=False, log_prints=False)
 def run_recipe_flow(
     recipe: str,
@@ -47,7 +59,8 @@ def run_recipe_flow(
     """Run a recipe's stages (all of them when `stages` is empty) as `stagewise run` does.
 
     `overrides` are `--set` values, e.g. `stages.pretrain.tokens=491520`; `resume` continues each
-    stage from its latest checkpoint. Returns the run's summary (the `stagewise run --json` document).
+    stage from its latest checkpoint. Returns the run's summary (the `stagewise run --json` document);
+    the closing table is also the flow run's artifact in the UI.
     """
     from flows.pipeline import run_pipeline  # the stages (torch) load only once the input is good
 
@@ -56,5 +69,6 @@ def run_recipe_flow(
     logger.info("recipe %s (%s), stages %s, overrides %s, resume %s", loaded.path, loaded.recipe.name,
                 ",".join(chosen) if chosen else "all", list(overrides or []) or "none", resume)
     summary = run_pipeline(loaded, stages=chosen, resume=resume)
+    publish_summary(summary)
     logger.info("done: workdir %s; MLflow %s (experiment %s)", summary["workdir"], summary["tracking_uri"], summary["experiment"])
     return summary

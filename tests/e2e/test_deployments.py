@@ -9,8 +9,8 @@ the server through the Prefect client (`run_deployment` is what the Run button c
 - a value outside the form (an unknown stage) is refused by the server, naming the field;
 - bad parameters that pass the form (a bad override, a stage the recipe lacks) fail the flow
   run with the located message `stagewise run` prints, and nothing is written to the workdir;
-- a two-stage run (pretrain,merge on a tiny budget) completes and its MLflow runs exist,
-  tagged with the pipeline's Prefect flow run.
+- a two-stage run (pretrain,merge on a tiny budget) completes, its closing table is an artifact
+  of the flow run, and its MLflow runs exist, tagged with the pipeline's Prefect flow run.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def test_bad_parameters_fail_the_flow_run_with_the_located_message_and_train_not
 def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served, tmp_path):
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
 
     workdir = tmp_path / "w"
     started = time.monotonic()
@@ -213,6 +213,12 @@ def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served
             return await client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
 
+    async def artifacts() -> list:
+        async with get_client() as client:
+            return await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+
+    table = [a for a in asyncio.run(artifacts()) if a.key == "stagewise-closing-table"]
+    assert len(table) == 1 and "pretrain" in table[0].data and "merge" in table[0].data  # on the run's page
     pipeline = [f for f in asyncio.run(subflows()) if f.state.is_completed()]
     assert pipeline, "no completed pipeline subflow under the deployment's flow run"
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
@@ -223,4 +229,4 @@ def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert {r.data.tags.get("stagewise.stage") for r in children} >= {"pretrain", "merge"}
     assert all(r.info.status == "FINISHED" for r in [*parents, *children])
-    assert sorted(p.name for p in (workdir / "stages").iterdir() if p.is_dir())[0].startswith("pretrain-")
+    assert {p.name.rsplit("-", 1)[0] for p in (workdir / "stages").iterdir() if p.is_dir()} == {"pretrain", "merge"}
