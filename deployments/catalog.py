@@ -35,6 +35,20 @@ def stage_selections() -> dict[str, list[str]]:
     return {s.name: [n for n in order if n in {*s.needs, s.name}] for s in REGISTRY}
 
 
+def check_cron(cron: str) -> str:
+    """`cron` when Prefect can schedule it; BadInput naming `--cron` otherwise."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    from data.errors import BadInput
+
+    try:
+        CronSchedule(cron=cron)
+    except ValidationError as e:
+        raise BadInput(f"--cron {cron!r}: not a cron schedule ({e.errors()[0]['msg']}); e.g. {WEEKLY_CRON!r}") from None
+    return cron
+
+
 def build_deployments(recipe: str | Path, schedule: bool = True, cron: str = WEEKLY_CRON) -> list[RunnerDeployment]:
     """The deployments for `recipe` (its absolute path is the default parameter); the weekly one only with `schedule`."""
     default = {"recipe": str(Path(recipe).expanduser().resolve())}
@@ -48,7 +62,7 @@ def build_deployments(recipe: str | Path, schedule: bool = True, cron: str = WEE
     made = [deploy(PIPELINE, "Run a recipe's stages (all of them when none are picked).", parameters=default)]
     if schedule:
         made.append(deploy(WEEKLY, f"The recipe's full pipeline on a schedule (cron {cron!r}, UTC).",
-                           parameters=default, cron=cron))
+                           parameters=default, cron=check_cron(cron)))
     for stage, stages in stage_selections().items():
         made.append(deploy(stage, f"The {stage} stage alone (runs {', '.join(stages)}; finished stages are reused).",
                            parameters={**default, "stages": stages}))

@@ -2,9 +2,9 @@
 
 This is how a person gets the pipeline into the Prefect UI: start a server, run this, open the
 page, press Run on `stagewise-recipe/pipeline` and fill in its form. The deployments are defined
-in deployments/catalog.py; this command only checks that the server named by PREFECT_API_URL
-answers (bad input, exit 2, when it is unset or silent, since nothing can be registered) and
-then serves until interrupted (Ctrl-C or SIGTERM pause the deployments on the way out).
+in deployments/catalog.py; this command only checks its recipe and `--cron`, and that the server
+named by PREFECT_API_URL answers (bad input, exit 2, when it is unset or silent, since nothing
+can be registered), and then serves until interrupted (Ctrl-C or SIGTERM pause the deployments on the way out).
 """
 
 from __future__ import annotations
@@ -57,12 +57,15 @@ def serve_cmd(
     from flows.cli.run import shipped_recipe
     from flows.recipe import load_recipe
 
+    from deployments.catalog import build_deployments, check_cron
+
     path = recipe or shipped_recipe("tiny.yaml")
     load_recipe(path)  # a broken default recipe exits 2 here, not in every flow run
+    if schedule:
+        check_cron(cron)
     url = api_url()
     from prefect import serve
 
-    from deployments.catalog import build_deployments
 
     made = build_deployments(path, schedule=schedule, cron=cron)
     typer.echo(f"Serving {len(made)} deployments of {path} against {url}", err=True)

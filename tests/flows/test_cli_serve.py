@@ -47,6 +47,11 @@ def test_serve_checks_its_recipe_first(tmp_path):
     assert proc.returncode == 2 and "seed: " in proc.stderr and "bad.yaml:2" in proc.stderr, proc.stderr
 
 
+def test_serve_checks_its_cron(tmp_path):
+    proc = _serve(tmp_path, "--cron", "61 3 * * 0", api_url=None)
+    assert proc.returncode == 2 and "--cron '61 3 * * 0': not a cron schedule" in proc.stderr, proc.stderr
+
+
 def test_serve_help_shows_the_three_commands():
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "serve", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
