@@ -107,7 +107,8 @@ def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Ups
         logger.info("long context: %s", ", ".join(f"{k}={v:+.3f}" for k, v in sorted(deltas.items())))
         target = f"eval/loss/{max(stage.needle_lengths)}"
         summary = StageSummary(metric=target, before=before.get(target), after=after.get(target), tokens=ckpt.tokens_seen)
-        result = StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, summary=summary,
+        result = StageResult(stage=STAGE, parent=base.checkpoint, checkpoint=ckpt.path, run_id=run_id,
+                             summary=summary,
                              metrics={k.split("/", 2)[-1]: v for k, v in deltas.items()},
                              data_root=base.data_root, stage_dir=str(out_dir))
         return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))

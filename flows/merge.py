@@ -113,8 +113,8 @@ def merge_flow(ctx: StageContext, block: MergeInputs, upstream: Upstream) -> Sta
         tracker.set_tags(run_id, {CHOICE_TAG: "merge" if handed != pretrain.checkpoint else "trained"})
         _report(tracker, run_id, stage.windows_tokens)
         summary = StageSummary(metric=TARGET, before=trained_loss, after=handed_loss)
-        result = StageResult(stage=STAGE, checkpoint=handed, run_id=run_id, metrics=metrics, data_root=pretrain.data_root,
-                             stage_dir=str(out_root), summary=summary)
+        result = StageResult(stage=STAGE, parent=pretrain.checkpoint, checkpoint=handed, run_id=run_id, metrics=metrics,
+                             data_root=pretrain.data_root, stage_dir=str(out_root), summary=summary)
         return finish(ctx, out_root, result, logged)
 
 

@@ -230,8 +230,8 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
         headline = {**final, **{f"base/{k}": v for k, v in base.items()}, **delta}
         summary = StageSummary(metric=TARGET, before=base.get(TARGET), after=final.get(TARGET), higher_is_better=True,
                                tokens=tokens)
-        result = StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=gate, metrics=headline,
-                             stage_dir=str(out_dir), summary=summary)
+        result = StageResult(stage=STAGE, parent=start_from, checkpoint=ckpt.path, run_id=run_id, gate=gate,
+                             metrics=headline, stage_dir=str(out_dir), summary=summary)
         return finish(ctx, out_dir, result, {**final, **delta}, at=(step, tokens))
 
 

@@ -119,9 +119,22 @@ def reused_result(ctx: StageContext, stage: str, run_id: str, out_dir: Path) -> 
                                   "stagewise.reused_from_run": record["result"]["run_id"]})
     if record.get("metrics"):
         ctx.tracker.log_metrics(run_id, [(step, tokens, record["metrics"])])
-    ctx.tracker.register_checkpoint(ctx.tracker.experiment, Path(result.checkpoint), run_id, alias=stage)
+    ctx.tracker.register_checkpoint(ctx.tracker.experiment, Path(result.checkpoint), run_id, alias=stage,
+                                    parent=result.parent, lineage=lineage(ctx, result))
     _say(result, f"reused (finished earlier in {out_dir}; trained in MLflow run {trained_in})")
     return result
+
+
+def lineage(ctx: StageContext, result: StageResult) -> dict[str, str]:
+    """Registry tags that let a person walk from a checkpoint version back to how it was made: the
+    pipeline's MLflow run, the Prefect flow run (and its page when a Prefect UI serves it), the
+    recipe hash, the stage's step directory and the prepared data it read."""
+    from prefect.runtime import flow_run
+
+    return {"stagewise.pipeline_run": ctx.parent_run_id or "", "stagewise.recipe_hash": ctx.recipe_hash,
+            "stagewise.prefect_flow_run": str(flow_run.get_root_flow_run_id() or "") if flow_run.get_id() else "",
+            "stagewise.prefect_flow_run_url": (flow_run.ui_url or "") if flow_run.get_id() else "",
+            "stagewise.stage_dir": result.stage_dir or "", "stagewise.data": result.data_root or ""}
 
 
 def finish(ctx: StageContext, out_dir: Path, result: StageResult, metrics: dict[str, float] | None = None,
@@ -129,7 +142,8 @@ def finish(ctx: StageContext, out_dir: Path, result: StageResult, metrics: dict[
     """Register the handed-on checkpoint and write the step's finish marker (last).
 
     `metrics` (MLflow names) at `at` = (step, tokens) are what a rerun re-logs when it reuses the step."""
-    ctx.tracker.register_checkpoint(ctx.tracker.experiment, Path(result.checkpoint), result.run_id, alias=result.stage)
+    ctx.tracker.register_checkpoint(ctx.tracker.experiment, Path(result.checkpoint), result.run_id, alias=result.stage,
+                                    parent=result.parent, lineage=lineage(ctx, result))
     _say(result, "finished")
     mark_finished(out_dir, {"result": result.model_dump(mode="json"), "metrics": metrics or {}, "at": list(at),
                             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})

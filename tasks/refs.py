@@ -53,5 +53,7 @@ class StageResult(BaseModel):
     """The stage's row in the closing table."""
     reused: bool = False
     """True when this run found the stage's step finished and trained nothing."""
+    parent: str | None = None
+    """The checkpoint the stage started from (its registry version links to that one's)."""
     trained_in_run: str | None = None
     """The MLflow run that trained it (a reused stage's curves live there, not in `run_id`)."""

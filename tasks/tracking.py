@@ -88,6 +88,9 @@ class Tracker:
     experiment: str
     artifact_root: str | None = None
     retry_seconds: float = 120.0
+    inline_weights_mb: float = 256.0
+    """A registered checkpoint up to this size is kept in its run's artifacts (hard-linked on a local
+    store); a larger one is registered by reference to its directory (tag `stagewise.weights`)."""
     """How long a call keeps retrying while the server is unreachable (backoff 0.5 s to 8 s)."""
 
     def client(self) -> _Client:
@@ -342,8 +345,14 @@ class Tracker:
         """Copy a file into the run's artifacts (under `artifact_dir` when given)."""
         self.client().log_artifact(run_id, str(path), artifact_dir)
 
-    def register_checkpoint(self, model_name: str, checkpoint: Path, run_id: str, alias: str) -> str:
-        """Register a checkpoint directory as a model version and point `alias` at it."""
+    def register_checkpoint(self, model_name: str, checkpoint: Path, run_id: str, alias: str,
+                            parent: str | None = None, lineage: dict[str, str] | None = None) -> str:
+        """Register a checkpoint directory as a model version and point `alias` at it.
+
+        Lineage: the version is tagged with `lineage` (pipeline run, Prefect flow run and its URL,
+        recipe hash, data) and, when `parent` (the checkpoint the stage started from) is a
+        registered version, `stagewise.parent_version`, so a person can walk back from any
+        version to the data it was trained on."""
         client = self.client()
         from mlflow.exceptions import MlflowException
 
@@ -353,31 +362,43 @@ class Tracker:
             if is_transient(err):
                 raise
             # already registered: versions accumulate under one name
-        source = self._model_source(client, Path(checkpoint).resolve(), run_id)
-        version = client.create_model_version(
-            model_name, source=source, run_id=run_id,
-            tags={STAGE_TAG: alias, "stagewise.checkpoint": str(Path(checkpoint).resolve())},
-        )
+        checkpoint = Path(checkpoint).resolve()
+        source, kept = self._model_source(client, checkpoint, run_id)
+        tags = {STAGE_TAG: alias, "stagewise.checkpoint": str(checkpoint), "stagewise.weights": kept,
+                **{k: v for k, v in (lineage or {}).items() if v}}
+        parent_version = self._version_of(client, model_name, parent) if parent else None
+        if parent_version is not None:
+            tags |= {"stagewise.parent_version": parent_version, "stagewise.parent_checkpoint": str(Path(parent).resolve())}
+        version = client.create_model_version(model_name, source=source, run_id=run_id, tags=tags)
         client.set_registered_model_alias(model_name, alias, version.version)
         return str(version.version)
 
-    def _model_source(self, client: Any, checkpoint: Path, run_id: str) -> str:
-        """Where a registered version points. A local store takes the checkpoint's own path. A
-        tracking server accepts a local path only inside the run's artifact directory (else
-        INVALID_PARAMETER_VALUE), so there the checkpoint is hard-linked into the run's
-        artifacts under `checkpoints/<name>` (copied when links fail), or uploaded when the
-        run's artifacts are not local."""
-        if not self.uri.startswith(("http://", "https://")):
-            return str(checkpoint)
+    def _version_of(self, client: Any, model_name: str, checkpoint: str) -> str | None:
+        """The newest registered version of `model_name` made from `checkpoint` (None if none)."""
+        wanted = str(Path(checkpoint).resolve())
+        versions = client.search_model_versions(f"name = '{model_name}'")
+        found = [int(v.version) for v in versions if (v.tags or {}).get("stagewise.checkpoint") == wanted]
+        return str(max(found)) if found else None
+
+    def _model_source(self, client: Any, checkpoint: Path, run_id: str) -> tuple[str, str]:
+        """Where a registered version points, and how ("artifact" or "reference"). A checkpoint up to
+        `inline_weights_mb` is kept in the run's artifacts under `checkpoints/<name>` (hard-linked on a
+        local artifact store, copied when links fail, uploaded when the artifacts are remote); a
+        larger one is referenced by its path. A tracking server accepts a local path only inside the
+        run's artifacts (else INVALID_PARAMETER_VALUE), so there every checkpoint goes in."""
+        size_mb = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file()) / 2**20
+        remote = self.uri.startswith(("http://", "https://"))
+        if not remote and size_mb > self.inline_weights_mb:
+            return str(checkpoint), "reference"
         artifact_uri = client.get_run(run_id).info.artifact_uri
         if artifact_uri.startswith("file:"):
             from mlflow.utils.file_utils import local_file_uri_to_path
 
             dest = Path(local_file_uri_to_path(artifact_uri)) / "checkpoints" / checkpoint.name
             shutil.copytree(checkpoint, dest, copy_function=_link_or_copy, dirs_exist_ok=True)
-            return str(dest.resolve())
+            return str(dest.resolve()), "artifact"
         client.log_artifacts(run_id, str(checkpoint), f"checkpoints/{checkpoint.name}")
-        return f"runs:/{run_id}/checkpoints/{checkpoint.name}"
+        return f"runs:/{run_id}/checkpoints/{checkpoint.name}", "artifact"
 
     # ------------------------------------------------------------------ reading back
 
@@ -460,6 +481,38 @@ class Tracker:
             return []
         runs = client.search_runs([exp.experiment_id], max_results=1000)
         return sorted({r.data.tags[STAGE_TAG] for r in runs if STAGE_TAG in r.data.tags})
+
+    # ------------------------------------------------------------------ registry aliases (promotion)
+
+    def version_of_run(self, model_name: str, run_id: str) -> dict[str, str] | None:
+        """The newest version of `model_name` registered from run `run_id`, as {version, source,
+        checkpoint} (checkpoint: the `stagewise.checkpoint` tag, else the source); None when none."""
+        versions = self.client().search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
+        if not versions:
+            return None
+        v = max(versions, key=lambda v: int(v.version))
+        return {"version": str(v.version), "source": v.source,
+                "checkpoint": (v.tags or {}).get("stagewise.checkpoint", v.source)}
+
+    def alias_holder(self, model_name: str, alias: str) -> str | None:
+        """The version `alias` points at (None when the alias or the registered model does not exist)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            model = self.client().get_registered_model(model_name)
+        except MlflowException as err:
+            if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+        held = (model.aliases or {}).get(alias)
+        return None if held is None else str(held)
+
+    def set_alias(self, model_name: str, alias: str, version: str, tags: dict[str, str] | None = None) -> None:
+        """Point `alias` at `version` (moving it from wherever it was), tagging that version with `tags`."""
+        client = self.client()
+        client.set_registered_model_alias(model_name, alias, str(version))
+        for key, value in (tags or {}).items():
+            client.set_model_version_tag(model_name, str(version), key, str(value))
 
 
 @dataclass(frozen=True)

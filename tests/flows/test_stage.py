@@ -64,8 +64,9 @@ class RecordingTracker(Tracker):
         object.__setattr__(self, "calls", [])
         object.__setattr__(self, "experiment", "exp")
 
-    def register_checkpoint(self, name, path, run_id, alias):
+    def register_checkpoint(self, name, path, run_id, alias, parent=None, lineage=None):
         self.calls.append(("register", str(path), run_id, alias))
+        self.calls.append(("lineage", parent, lineage))
 
     def set_tags(self, run_id, tags):
         self.calls.append(("tags", run_id, tags))
@@ -92,6 +93,8 @@ def test_finish_marks_the_step_and_a_rerun_reuses_it(tmp_path, monkeypatch):
     tags = next(c[2] for c in tracker.calls if c[0] == "tags")
     assert tags["stagewise.reused"] == "true" and tags["stagewise.reused_from_run"] == "run-1"
     assert ("register", str(ckpt), "run-2", "pretrain") in tracker.calls
+    (_, parent, tags), *_ = [c for c in tracker.calls if c[0] == "lineage"]
+    assert parent is None and tags["stagewise.recipe_hash"] == "h" and tags["stagewise.stage_dir"] is not None
 
 
 def test_a_finished_step_whose_checkpoint_is_gone_runs_again(tmp_path, monkeypatch):
