@@ -238,3 +238,22 @@ def test_long_context_reports_before_and_after(pipeline_run):
     lc = summary["stages"][2]
     assert Path(lc["checkpoint"]).parent.name.startswith("long_context-")
     AutoModelForCausalLM.from_pretrained(lc["checkpoint"])
+
+
+@pytest.mark.slow
+def test_each_stage_version_has_its_alias_and_parent_link(pipeline_run):
+    """A person opening a registered version can walk back to the data it was trained on."""
+    from mlflow import MlflowClient
+
+    _, summary = pipeline_run
+    client = MlflowClient(tracking_uri=summary["tracking_uri"], registry_uri=summary["tracking_uri"])
+    versions = {s: client.get_model_version_by_alias(summary["experiment"], s) for s in ("pretrain", "merge", "long_context")}
+    pre, merge, lc = versions["pretrain"], versions["merge"], versions["long_context"]
+    assert "stagewise.parent_version" not in pre.tags and Path(pre.tags["stagewise.data"]).is_dir()
+    assert merge.tags["stagewise.parent_version"] in {str(v.version) for v in client.search_model_versions(
+        f"name = '{summary['experiment']}'") if v.tags.get("stagewise.stage") == "pretrain"}
+    assert client.get_model_version(summary["experiment"], lc.tags["stagewise.parent_version"]).tags["stagewise.checkpoint"] \
+        == merge.tags["stagewise.checkpoint"]  # long context started from what merge handed on
+    for v in versions.values():
+        assert v.tags["stagewise.recipe_hash"] and v.tags["stagewise.pipeline_run"] and v.tags["stagewise.prefect_flow_run"]
+        assert v.tags["stagewise.weights"] == "artifact" and (Path(v.source) / "model.safetensors").is_file()
