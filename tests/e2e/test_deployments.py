@@ -11,6 +11,8 @@ the server through the Prefect client (`run_deployment` is what the Run button c
   run with the located message `stagewise run` prints, and nothing is written to the workdir;
 - a two-stage run (pretrain,merge on a tiny budget) completes, its closing table is an artifact
   of the flow run, and its MLflow runs exist, tagged with the pipeline's Prefect flow run.
+- the deployment's Run page in the Prefect UI, rendered by headless Chromium (Debian's package),
+  shows the parameter form with its recipe and stages fields; the screenshot is kept.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -66,7 +70,8 @@ def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-home")
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
-    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=url, PREFECT_SERVER_ANALYTICS_ENABLED="false", CI="1")
+    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=url, PREFECT_SERVER_ANALYTICS_ENABLED="false", CI="1",
+               PREFECT_UI_ENABLED="true", PREFECT_UI_API_URL=url)  # the UI served too: the run form test opens it
     log = home / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
@@ -230,3 +235,28 @@ def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served
     assert {r.data.tags.get("stagewise.stage") for r in children} >= {"pretrain", "merge"}
     assert all(r.info.status == "FINISHED" for r in [*parents, *children])
     assert {p.name.rsplit("-", 1)[0] for p in (workdir / "stages").iterdir() if p.is_dir()} == {"pretrain", "merge"}
+
+
+@pytest.mark.slow
+def test_the_ui_run_page_renders_the_parameter_form_in_chromium(server, served, tmp_path, tmp_path_factory):
+    from tests.eval.test_report_browser import _chromium
+
+    browser = _chromium()
+    # the page the deployment's Run button opens; the UI is served next to the API, at the server's root
+    url = f"{server[0].removesuffix('/api')}/deployments/deployment/{_deployments()['pipeline'].id}/run"
+    # 60 s of the page's virtual time (seconds of wall time): its requests answer and the form fades fully in
+    base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,1600",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=60000"]
+    dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=90)
+    html = dom.stdout
+    (tmp_path / "run_form.html").write_text(html)
+    assert "<title>Create Flow Run for Deployment: pipeline" in html, f"no run page in the DOM\n{dom.stderr[-2000:]}"
+    labels = re.findall(r'class="schema-form-property__label">([^<]*)<', html)  # the form's fields, as rendered
+    assert labels[:2] == ["recipe", "stages (Optional)"], labels
+    shot = tmp_path / "prefect_ui_form.png"
+    proc = subprocess.run([*base, f"--screenshot={shot}", url], capture_output=True, text=True, timeout=90)
+    assert shot.is_file() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
+    kept = tmp_path_factory.getbasetemp() / "prefect_ui_form.png"
+    shutil.copyfile(shot, kept)
+    print(f"prefect UI run form screenshot: {kept}")
+
