@@ -7,6 +7,9 @@ overrides, resume), so the Prefect UI shows one form everywhere:
     stagewise-recipe/weekly          the same, on a cron schedule (default Sundays 03:00 UTC)
     stagewise-recipe/<stage>         one stage, with the stages it reads (merge: pretrain,merge;
                                      a finished, unchanged pretraining is reused, not retrained)
+    stagewise-promote/promote        cutoffs as a job (flows/promote.py): move `<stage>-champion` to
+                                     the stage checkpoint a cutoff rule picks; the form's experiment and
+                                     MLflow store default to the recipe's, the rule file is asked for
 
 `stagewise serve` registers these with the server at PREFECT_API_URL and runs their flow runs
 as local processes (the default process execution of `serve`); the recipe given to it is each
@@ -20,11 +23,12 @@ from pathlib import Path
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
 
 from flows.deployed import run_recipe_flow
+from flows.promote import promote_flow
 
 WEEKLY_CRON = "0 3 * * 0"
 """Sundays at 03:00 UTC: a full pipeline run a week."""
 
-PIPELINE, WEEKLY = "pipeline", "weekly"
+PIPELINE, WEEKLY, PROMOTE = "pipeline", "weekly", "promote"
 
 
 def stage_selections() -> dict[str, list[str]]:
@@ -66,4 +70,20 @@ def build_deployments(recipe: str | Path, schedule: bool = True, cron: str = WEE
     for stage, stages in stage_selections().items():
         made.append(deploy(stage, f"The {stage} stage alone (runs {', '.join(stages)}; finished stages are reused).",
                            parameters={**default, "stages": stages}))
+    made.append(promotion_deployment(recipe))
     return made
+
+
+def promotion_deployment(recipe: str | Path) -> RunnerDeployment:
+    """The cutoff-promotion flow, its experiment and MLflow store defaulting to the recipe's (unscheduled:
+    it needs a rule file; add a schedule with one in the UI to run it after each weekly pipeline)."""
+    from flows.pipeline import tracker_for
+    from flows.recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    tracker = tracker_for(loaded.recipe, Path(loaded.recipe.workdir).resolve())
+    return promote_flow.to_deployment(
+        name=PROMOTE, description="Move <stage>-champion to the stage checkpoint that passes a cutoff rule best.",
+        tags=["stagewise"], entrypoint_type=EntrypointType.MODULE_PATH,
+        parameters={"experiment": tracker.experiment, "stage": "pretrain", "tracking_uri": tracker.uri},
+    )
