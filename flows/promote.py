@@ -9,7 +9,9 @@ registered checkpoint is the run's last, so that is the value it carries; direct
 rule), ties and direction-less rules going to the earliest cutoff. It moves a registry alias
 (default `<stage>-champion`, never the stage's own alias, which every stage run moves) to that
 version, and tags the version with the promotion run. When no run passes, the alias is left
-where it was and the decision says so.
+where it was and the decision says so. A stage trained in sub-stages (sft) is judged on its
+sub-stage runs, as `stagewise cutoffs` does; only the last sub-stage's checkpoint is the
+stage's registered one, so only that sub-stage can win (with the stage run's version).
 
 Every decision is an MLflow run of its own, `promote/<stage>` in the same experiment (tagged
 `stagewise.promotion=<stage>`, not `stagewise.stage`, so a later promotion never reads it as a
@@ -38,6 +40,8 @@ from flows.recipe import available_stages
 
 PROMOTION_TAG = "stagewise.promotion"
 PROMOTED_BY_TAG = "stagewise.promoted_by_run"
+SUBSTAGE_TAG, SUBSTAGES_TAG = "stagewise.substage", "stagewise.substages"
+"""As flows/sft.py tags a sub-stage's run and its stage's run."""
 _ALIAS = re.compile(r"^[\w\-]{1,255}$")
 
 StageName = Literal[tuple(available_stages())]  # type: ignore[valid-type]  # the UI's choice of stage
@@ -93,6 +97,17 @@ def _score(rule: GateRule, histories: dict) -> float | None:
     return hist[-1][2] if hist else None
 
 
+def _stage_version(tracker: Any, experiment: str, tags: dict, tags_of: dict[str, dict]) -> dict | None:
+    """A sub-stage run registers nothing; the last sub-stage's checkpoint is its stage's final one,
+    registered from the stage run (its parent). None for any other sub-stage: what it handed on
+    was trained further."""
+    parent = tags.get("mlflow.parentRunId")
+    names = (tags_of.get(parent) or {}).get(SUBSTAGES_TAG, "").split(",")
+    if SUBSTAGE_TAG not in tags or not parent or names[-1] != tags[SUBSTAGE_TAG]:
+        return None
+    return tracker.version_of_run(experiment, parent)
+
+
 def judge(tracker: Any, experiment: str, stage: str, rule: GateRule) -> dict[str, Any]:
     """Every run of the stage with the rule replayed and its registered version; the winner (or None).
 
@@ -108,7 +123,8 @@ def judge(tracker: Any, experiment: str, stage: str, rule: GateRule) -> dict[str
         stages = tracker.stages_in(experiment)
         raise BadInput(f"stage: no runs of stage {stage!r} in experiment {experiment!r}; stages there: {', '.join(stages) or '(none)'}")
     # As in `stagewise cutoffs`: a stage trained in sub-stages gates each in its own run.
-    runs = [r for r in runs if "stagewise.substages" not in r.tags] or runs
+    tags_of = {r.run_id: r.tags for r in runs}
+    runs = [r for r in runs if SUBSTAGES_TAG not in r.tags] or runs
     up = rule.primary_direction()
     considered = []
     for run in runs:
@@ -122,7 +138,7 @@ def judge(tracker: Any, experiment: str, stage: str, rule: GateRule) -> dict[str
             considered.append({**row, "why": f"skipped: {e}"})
             continue
         row.update(cutoff=report["cutoff"], guards=report["guards"], primary=_score(rule, histories))
-        held = tracker.version_of_run(experiment, run.run_id)
+        held = tracker.version_of_run(experiment, run.run_id) or _stage_version(tracker, experiment, run.tags, tags_of)
         if held:
             row.update(version=held["version"], checkpoint=held["checkpoint"])
         if report["cutoff"] is None:
@@ -130,7 +146,8 @@ def judge(tracker: Any, experiment: str, stage: str, rule: GateRule) -> dict[str
         elif run.status != "FINISHED":
             row["why"] = f"the run is {run.status}, not FINISHED"
         elif not held:
-            row["why"] = f"no registered version of model {experiment!r} from this run"
+            row["why"] = (f"no registered version of model {experiment!r} from this run"
+                          + (" (only the last sub-stage hands on the stage's checkpoint)" if SUBSTAGE_TAG in run.tags else ""))
         else:
             row.update(passes=True, why="the rule held")
         considered.append(row)

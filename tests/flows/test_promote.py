@@ -101,6 +101,29 @@ def test_no_run_passing_leaves_the_alias_where_it_was_and_says_so(store):
     assert tags["stagewise.promotion.previous_version"] == tags["stagewise.promotion.new_version"] == versions["early"]
 
 
+def test_sft_promotes_its_last_sub_stage_as_the_stage_run_s_version(store):
+    """Sub-stage runs hold the gate histories but register nothing; the stage run registers the final checkpoint."""
+    tracker, _, _, root = store
+    stage_run = tracker.start_run("sft", {STAGE_TAG: "sft", "stagewise.substages": "chat,polish"})
+    subs = {}
+    for name, accs in (("chat", (0.0, 0.5)), ("polish", (0.0, 0.4))):
+        subs[name] = tracker.start_run(f"sft/{name}", {STAGE_TAG: "sft", "stagewise.substage": name}, stage_run)
+        tracker.log_metrics(subs[name], [(0, 0, {ACC: accs[0]}), (10, 4096, {ACC: accs[1]})])
+        tracker.end_run(subs[name])
+    ckpt = root / "stages" / "sft" / "final"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    version = tracker.register_checkpoint("exp", ckpt, stage_run, alias="sft")
+    tracker.end_run(stage_run)
+    path = rule_file(root, "sft.yaml", f'all: [{{metric: {ACC}, op: ">=", value: 0.3}}]\n')
+    rule, alias, _ = check_request("exp", "sft", str(path), None, tracker.uri)
+    decision = promote(tracker, "exp", "sft", rule, alias)
+    rows = {r["run_name"]: r for r in decision["considered"]}
+    assert set(rows) == {"sft/chat", "sft/polish"}  # the stage run holds no gate histories
+    assert "only the last sub-stage" in rows["sft/chat"]["why"] and not rows["sft/chat"]["passes"]
+    assert decision["winner"]["run_id"] == subs["polish"] and tracker.alias_holder("exp", "sft-champion") == version
+
+
 def test_bad_input_is_refused_with_a_located_message_before_the_store_is_touched(store, tmp_path):
     tracker, _, _, _ = store
     bad = rule_file(tmp_path, "bad.yaml", f'all:\n  - {{metric: {ACC}, op: "~", value: 0.3}}\n')
