@@ -7,6 +7,9 @@ overrides, resume), so the Prefect UI shows one form everywhere:
     stagewise-recipe/weekly          the same, on a cron schedule (default Sundays 03:00 UTC)
     stagewise-recipe/<stage>         one stage, with the stages it reads (merge: pretrain,merge;
                                      a finished, unchanged pretraining is reused, not retrained)
+    stagewise-promote/promote        move <stage>-champion to the run a cutoff rule picks (flows/promote.py)
+    nightly-eval/nightly-eval        the newest registered checkpoint on the recipe's suites, nightly
+                                     (flows/nightly_eval.py; scheduled with --schedule)
     stagewise-promote/promote        cutoffs as a job (flows/promote.py): move `<stage>-champion` to
                                      the stage checkpoint a cutoff rule picks; the form's experiment and
                                      MLflow store default to the recipe's, the rule file is asked for
@@ -23,12 +26,15 @@ from pathlib import Path
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
 
 from flows.deployed import run_recipe_flow
+from flows.nightly_eval import evaluate_latest_flow
 from flows.promote import promote_flow
 
 WEEKLY_CRON = "0 3 * * 0"
 """Sundays at 03:00 UTC: a full pipeline run a week."""
 
-PIPELINE, WEEKLY, PROMOTE = "pipeline", "weekly", "promote"
+PIPELINE, WEEKLY, PROMOTE, NIGHTLY = "pipeline", "weekly", "promote", "nightly-eval"
+NIGHTLY_CRON = "0 2 * * *"
+"""Every night at 02:00 UTC: the newest registered checkpoint scored on the recipe's suites."""
 
 
 def stage_selections() -> dict[str, list[str]]:
@@ -71,6 +77,10 @@ def build_deployments(recipe: str | Path, schedule: bool = True, cron: str = WEE
         made.append(deploy(stage, f"The {stage} stage alone (runs {', '.join(stages)}; finished stages are reused).",
                            parameters={**default, "stages": stages}))
     made.append(promotion_deployment(recipe))
+    made.append(evaluate_latest_flow.to_deployment(
+        name=NIGHTLY, description="Score the newest registered checkpoint on the recipe's eval suites.",
+        tags=["stagewise"], entrypoint_type=EntrypointType.MODULE_PATH, parameters=default,
+        **({"cron": NIGHTLY_CRON} if schedule else {})))
     return made
 
 

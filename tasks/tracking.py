@@ -494,6 +494,14 @@ class Tracker:
         return {"version": str(v.version), "source": v.source,
                 "checkpoint": (v.tags or {}).get("stagewise.checkpoint", v.source)}
 
+    def registered(self, model_name: str, alias: str) -> dict[str, str] | None:
+        """{version, checkpoint} of the version `alias` points at (None when there is none yet)."""
+        version = self.alias_holder(model_name, alias)
+        if version is None:
+            return None
+        v = self.client().get_model_version(model_name, version)
+        return {"version": str(v.version), "checkpoint": (v.tags or {}).get("stagewise.checkpoint", v.source)}
+
     def alias_holder(self, model_name: str, alias: str) -> str | None:
         """The version `alias` points at (None when the alias or the registered model does not exist)."""
         from mlflow.exceptions import MlflowException
