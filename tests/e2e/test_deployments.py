@@ -261,3 +261,20 @@ def test_the_ui_run_page_renders_the_parameter_form_in_chromium(server, served, 
     shutil.copyfile(shot, kept)
     print(f"prefect UI run form screenshot: {kept}")
 
+
+
+@pytest.mark.slow
+def test_serve_with_a_pool_registers_the_deployments_on_a_process_work_pool(server, client_settings, tmp_path):
+    """The work-pool form: `stagewise serve --pool NAME` makes a process pool when missing, puts every
+    deployment on it and exits, naming the worker command (last in this module: it moves the
+    deployments that the served runner registered onto the pool)."""
+    from prefect import get_client
+
+    proc = subprocess.run([str(BIN / "stagewise"), "serve", "--recipe", str(TINY), "--pool", "stagewise-test"],
+                          env=server[1], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "prefect worker start --pool stagewise-test" in proc.stdout
+    found = _deployments()
+    assert set(found) == NAMES and {d.work_pool_name for d in found.values()} == {"stagewise-test"}
+    with get_client(sync_client=True) as client:
+        assert client.read_work_pool("stagewise-test").type == "process"
