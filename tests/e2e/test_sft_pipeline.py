@@ -97,9 +97,10 @@ def test_registered_checkpoint_loads_with_the_chat_template(sft_run):
     summary, client, _ = sft_run
     ckpt = Path(summary["stages"][1]["checkpoint"])
     version = client.get_model_version_by_alias(summary["experiment"], "sft")
-    assert Path(version.source) == ckpt.resolve()
-    model = AutoModelForCausalLM.from_pretrained(ckpt)
-    tok = AutoTokenizer.from_pretrained(ckpt)
+    assert Path(version.tags["stagewise.checkpoint"]) == ckpt.resolve()
+    assert (Path(version.source) / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+    model = AutoModelForCausalLM.from_pretrained(version.source)  # the registered copy, kept in the run's artifacts
+    tok = AutoTokenizer.from_pretrained(version.source)
     assert tok.chat_template
     text = tok.apply_chat_template([{"role": "user", "content": "Compute 2 + 2."}], tokenize=False,
                                    add_generation_prompt=True, reasoning=False)
