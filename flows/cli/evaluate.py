@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli.options import DebugOpt, JsonOpt, SetOpt, load
+from flows.cli.options import DebugOpt, ExperimentOpt, JsonOpt, RuleOpt, SetOpt, TrackingUriOpt, load
 from flows.cli.output import emit, guarded
 from flows.recipe_errors import BadInput
 
@@ -160,10 +160,10 @@ def _print_cutoffs(reports: list[dict]) -> None:
 
 @guarded
 def cutoffs_cmd(
-    experiment: str = typer.Option(..., "--experiment", help="MLflow experiment (by default the recipe name)."),
+    experiment: str = ExperimentOpt,
     stage: str = typer.Option(..., "--stage", help="Stage whose runs to replay, e.g. pretrain."),
-    rule: Path = typer.Option(..., "--rule", help="YAML with a gate's all/any/guards/min_tokens (a whole gate block works too)."),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI)."),
+    rule: Path = RuleOpt,
+    tracking_uri: Optional[str] = TrackingUriOpt,
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of the rule's metrics over tokens with each cutoff marked."),
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,

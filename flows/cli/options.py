@@ -20,6 +20,9 @@ SetOpt = typer.Option(
 )
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 DebugOpt = typer.Option(False, "--debug", help="Show the full traceback of a failure (or STAGEWISE_DEBUG=1).")
+ExperimentOpt = typer.Option(..., "--experiment", help="MLflow experiment (by default the recipe name).")
+RuleOpt = typer.Option(..., "--rule", help="YAML with a gate's all/any/guards/min_tokens (a whole gate block works too).")
+TrackingUriOpt = typer.Option(None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI).")
 
 
 def load(recipe: Path, overrides: list[str]):

@@ -12,17 +12,17 @@ from typing import Optional
 
 import typer
 
-from flows.cli.options import DebugOpt, JsonOpt
+from flows.cli.options import DebugOpt, ExperimentOpt, JsonOpt, RuleOpt, TrackingUriOpt
 from flows.cli.output import emit, guarded
 
 
 @guarded
 def promote_cmd(
-    experiment: str = typer.Option(..., "--experiment", help="MLflow experiment (by default the recipe name); also the registered model's name."),
+    experiment: str = ExperimentOpt,
     stage: str = typer.Option(..., "--stage", help="Stage whose runs to judge, e.g. pretrain."),
-    rule: Path = typer.Option(..., "--rule", help="YAML with a gate's all/any/guards/min_tokens (a whole gate block works too)."),
+    rule: Path = RuleOpt,
     alias: Optional[str] = typer.Option(None, "--alias", help="Registry alias to move (default: <stage>-champion)."),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI)."),
+    tracking_uri: Optional[str] = TrackingUriOpt,
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,
 ) -> None:

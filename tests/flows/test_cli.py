@@ -263,21 +263,6 @@ def test_help_does_not_import_lm_eval():
     assert out.stdout.strip() == "False"
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    """A randomly initialised `tiny` model and its tokenizer saved as an HF directory."""
-    from data.tokenizer import train_bpe
-    from data.world.arithmetic import arithmetic_texts
-    from model.build import build_model
-    from model.config import ModelConfig
-
-    path = tmp_path_factory.mktemp("ckpt")
-    tok = train_bpe(arithmetic_texts(50, 0), 300)
-    build_model(ModelConfig(preset="tiny"), len(tok), seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def eval_recipe(tmp_path: Path) -> Path:
     path = small_recipe(tmp_path)
     path.write_text(path.read_text() + "eval:\n  quick: [world_compare_mc]\n  full: [world]\n")

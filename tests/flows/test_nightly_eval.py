@@ -31,20 +31,6 @@ stages:
 """
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    from data.tokenizer import train_bpe
-    from data.world.arithmetic import arithmetic_texts
-    from model.build import build_model
-    from model.config import ModelConfig
-
-    path = tmp_path_factory.mktemp("ckpt")
-    tok = train_bpe(arithmetic_texts(50, 0), 300)
-    build_model(ModelConfig(preset="tiny"), len(tok), seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def test_suites_are_the_named_one_or_all_and_bad_names_are_located():
     block = {"quick": ["a"], "full": ["a", "b"]}
     assert suites_to_run(block, None) == block and suites_to_run(block, "full") == {"full": ["a", "b"]}
@@ -54,7 +40,8 @@ def test_suites_are_the_named_one_or_all_and_bad_names_are_located():
         suites_to_run({}, None)
 
 
-def test_the_newest_stage_with_a_version_is_scored(tmp_path, checkpoint):
+def test_the_newest_stage_with_a_version_is_scored(tmp_path, tiny_checkpoint):
+    checkpoint = tiny_checkpoint
     workdir = tmp_path / "w"
     recipe = tmp_path / "r.yaml"
     recipe.write_text(RECIPE.format(workdir=workdir))
