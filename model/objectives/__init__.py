@@ -32,6 +32,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from model.objectives.grpo import GRPOObjective
 from model.objectives.lm import LMObjective
 
 
@@ -57,4 +58,4 @@ class Objective(Protocol):
         ...
 
 
-__all__ = ["LMObjective", "LossContext", "Objective"]
+__all__ = ["GRPOObjective", "LMObjective", "LossContext", "Objective"]
