@@ -126,9 +126,9 @@ def is_weights(logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask: torch
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
                    temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """([n, L-1] log pi(input_ids[:, t+1] | prefix) at logits / temperature, [n, L-1] entropy of
-    that same distribution), in float32. Right padding does not change earlier positions (the
-    model is causal), so the padded tail is simply masked by the caller."""
+    """([n, L-1] log pi(input_ids[:, t+1] | prefix) at logits / temperature, [n, L-1] entropy
+    of that same distribution, detached), in float32. Right padding does not change earlier
+    positions (the model is causal), so the padded tail is simply masked by the caller."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     logits = model(input_ids).logits[:, :-1].float()
@@ -136,7 +136,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, input_ids[:, 1:, None].long()).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    with torch.no_grad():  # a metric: no [n, L-1, V] graph kept for it
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
 
