@@ -32,6 +32,7 @@ def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out += _schedule_problems("stages.pretrain", pre) if pre else []
     out += _suite_problems(r, "stages.pretrain", pre)
     out += _sft_problems(r) if r.stages.sft else []
+    out += _rl_problems(r) if r.stages.rl else []
     out += _merge_problems(r)
     out += _suite_problems(r, "stages.merge", r.stages.merge)
     return out + _preset_problems(r.model)
@@ -114,17 +115,55 @@ def _sft_source_problems(data: SFTDataConfig, at: str) -> list[tuple[str, str, s
 
 
 def _sft_world_path_problems(where: str, path: str, data: SFTDataConfig, training: bool) -> list[tuple[str, str, str]]:
+    return _world_path_problems(where, path, data.world is not None, "stages.sft.data", "SFT", SFT_WORLD_FILES,
+                                "sft_eval.jsonl", training)
+
+
+def _world_path_problems(where: str, path: str, has_world: bool, block: str, what: str, files: tuple[str, ...],
+                         heldout: str, training: bool) -> list[tuple[str, str, str]]:
+    """An `@world/` path needs its block's world and must name a file it writes (the held-out one never trained on)."""
     if not path.startswith(WORLD_PREFIX):
         return []
-    if data.world is None:
-        return [(where, f"{WORLD_PREFIX} paths need a `world` block in stages.sft.data (it generates them)", where)]
+    if not has_world:
+        return [(where, f"{WORLD_PREFIX} paths need a `world` block in {block} (it generates them)", where)]
     name = path[len(WORLD_PREFIX):]
-    if training and name == "sft_eval.jsonl":
-        return [(where, "sft_eval.jsonl is the held-out set: it is scored, never trained on", where)]
-    files = SFT_WORLD_FILES + (() if training else ("sft_eval.jsonl",))
+    if training and name == heldout:
+        return [(where, f"{heldout} is the held-out set: it is scored, never trained on", where)]
+    files = files + (() if training else (heldout,))
     if name not in files:
-        return [(where, f"the SFT world writes no {name!r}{did_you_mean(name, files)}; files: {', '.join(files)}", where)]
+        return [(where, f"the {what} world writes no {name!r}{did_you_mean(name, files)}; files: {', '.join(files)}", where)]
     return []
+
+
+RL_WORLD_FILES = ("rl_arithmetic.jsonl", "rl_format.jsonl", "rl_calculator.jsonl", "rl_sorting.jsonl")
+"""What `stages.rl.data.world` writes that a source may train on (rl_eval.jsonl is held out)."""
+
+
+def _rl_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Sources (unique names, world paths, known environments) and domain ratios of `stages.rl`."""
+    from eval.environments import ENVIRONMENTS
+
+    rl, at = r.stages.rl, "stages.rl.data"
+    out, seen = [], set()
+    for i, src in enumerate(rl.data.sources):
+        here = f"{at}.sources[{i}]"
+        if src.name in seen:
+            out.append((f"{here}.name", f"duplicate source name {src.name!r}", f"{here}.name"))
+        seen.add(src.name)
+        out += _world_path_problems(f"{here}.path", src.path, rl.data.world is not None, at, "RL", RL_WORLD_FILES,
+                                    "rl_eval.jsonl", training=True)
+        if src.environment is not None and src.environment not in ENVIRONMENTS:
+            why = (f"unknown environment {src.environment!r}{did_you_mean(src.environment, list(ENVIRONMENTS))}; "
+                   f"known: {', '.join(sorted(ENVIRONMENTS))}")
+            out.append((f"{here}.environment", why, f"{here}.environment"))
+    if rl.data.heldout is not None:
+        out += _world_path_problems(f"{at}.heldout", rl.data.heldout, rl.data.world is not None, at, "RL",
+                                    RL_WORLD_FILES, "rl_eval.jsonl", training=False)
+    for domain, share in (rl.domains or {}).items():
+        if share <= 0:
+            out.append((f"stages.rl.domains.{domain}", f"a domain's share must be > 0, got {share}",
+                        f"stages.rl.domains.{domain}"))
+    return out
 
 
 def _preset_problems(model: ModelConfig) -> list[tuple[str, str, str]]:

@@ -20,6 +20,7 @@ from data.sft_config import SFTBlend, SFTDataConfig
 from eval.gates import GateConfig
 from flows.recipe_checks import cross_problems
 from flows.recipe_errors import RecipeError, did_you_mean
+from flows.rl_schema import RLStage
 from flows.stage_schemas import LongContextStage, MergeStage
 from model.config import LoRAConfig, ModelConfig, TrainConfig
 from model.runtime import RuntimeConfig
@@ -100,6 +101,8 @@ class StagesConfig(_Config):
     """Long-context continued pretraining from the (merged) pretraining checkpoint."""
     sft: SFTStage | None = None
     """Supervised fine-tuning on curated, packed conversations (after pretraining)."""
+    rl: RLStage | None = None
+    """GRPO on verifiable rewards (difficulty filter, Gaussian curriculum, masked IS, one-step off-policy)."""
 
 
 class Recipe(_Config):

@@ -14,8 +14,10 @@ first step boundary at or past every multiple of checkpoint_every_tokens, and at
 of each fit(); `resume` restores everything needed to continue bit-for-bit on the CPU
 (same torch build and thread count: `numerics()`; tests/model/test_exact_resume.py).
 
-The batch source is duck-typed: next_batch() -> LongTensor [global_batch, seq_length + 1],
-state_dict(), load_state_dict(). A source that raises StopIteration or an exception named
+The batch source is duck-typed: next_batch() -> LongTensor [global_batch, seq_length + 1]
+(or an object with the same `.to`/`.split`, e.g. a dict of tensors), state_dict(),
+load_state_dict(). A batch may carry `metrics` ({name: float}, named in full, e.g. RL's
+`rl/reward/total`): they are logged with the step's own. A source that raises StopIteration or an exception named
 DataExhausted (data/loader.py) ends the fit early with stop_reason "data_exhausted".
 """
 
@@ -233,10 +235,12 @@ class Trainer:
                     stop = "data_exhausted"
                     break
                 metrics = self.train_step(batch, started)
+                metrics.update(getattr(batch, "metrics", None) or {})  # what the source measured (RL rewards)
                 self._buffer.append((self.step, self.tokens_seen, metrics))
                 if self.step % c.monitor.log_every_steps == 0:
                     self.flush()
-                bar.update(self.step, self.tokens_seen, metrics["train/lm_loss"], metrics["train/tokens_per_s"])
+                bar.update(self.step, self.tokens_seen, metrics.get("train/lm_loss", metrics["train/loss"]),
+                           metrics["train/tokens_per_s"])
                 if self._checkpoint_due():
                     self.save()
         if stop != "data_exhausted" and self.step < c.total_steps:

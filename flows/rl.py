@@ -1,0 +1,215 @@
+"""The RL stage as a Prefect flow: GRPO on verifiable rewards, from the checkpoint SFT handed on.
+
+    rl_flow
+      ├─ rl-world              the demo world's task rows (NeMo Gym-compatible JSONL), once per seed
+      ├─ rl-profile            k samples per training prompt with the starting policy: pass rates,
+      │                        the difficulty filter (k/k dropped), a histogram in MLflow
+      ├─ rl-heldout (before)   pass@1 and greedy accuracy per domain on held-out rows
+      ├─ rl-train              GRPO steps (model/engine.py + model/rl_batches.py + objectives/grpo.py):
+      │                        Gaussian curriculum, dynamic sampling, masked IS, one-step off-policy
+      └─ rl-heldout (after)    the same evaluation on the trained weights
+
+MLflow: one run `rl` with per-step `rl/reward/<component>`, `rl/train_accuracy/<domain>`,
+`rl/kept_groups`, `rl/response_length`, `rl/is_masked_fraction`, `rl/clip_fraction`, `rl/kl`,
+`rl/entropy`, `rl/rollout_tokens_per_s`, `train/tokens_per_s`; the filter's counts
+(`rl/filter/...`); held-out `rl/heldout/pass_at_1/<domain>` and `rl/heldout/greedy/<domain>` at
+step 0 and at the end; the profile (JSON + PNG). The stage is a content-addressed step over its
+block, the seed, the rows and the start checkpoint: an unchanged recipe reuses it. The final
+checkpoint is registered with the alias `rl`.
+
+pass@1 is the mean verifier result of one sampled response at the rollout temperature,
+estimated from `heldout_samples` responses per prompt (each prompt weighs the same); greedy is
+the single temperature-0 answer, as SFT's held-out exact match reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from prefect import flow
+from pydantic import BaseModel
+
+from flows.recipe import Recipe
+from flows.rl_schema import RLStage
+from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
+                         stage_run, start_checkpoint)
+from tasks.policy import run_logger
+from tasks.refs import StageResult, StageSummary
+from tasks.rl import (RLWiring, end_ids, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
+                      rl_world_task)
+from tasks.sft_data import resolve
+from tasks.steps import file_hash, step_dir, value_of
+
+STAGE = "rl"
+TARGET = "rl/heldout/pass_at_1/all"
+WORLD_ENTITIES = 3000
+
+
+class RLInputs(BaseModel):
+    """What RL reads from the recipe: its block, where to start without an upstream stage, and
+    the pretraining world's entity count (for the demo world's fact rows)."""
+
+    stage: RLStage
+    model_from: str | None = None
+    world_entities: int = WORLD_ENTITIES
+
+
+def select(recipe: Recipe) -> RLInputs | None:
+    if recipe.stages.rl is None:
+        return None
+    world = recipe.data.world
+    return RLInputs(stage=recipe.stages.rl, model_from=recipe.model.from_,
+                    world_entities=world.facts if world else WORLD_ENTITIES)
+
+
+def rl_spec(block: RLInputs, seed: int) -> dict:
+    """What determines the stage's outcome besides its inputs' hashes (rows, start checkpoint)."""
+    return {"stage": block.stage, "seed": seed}
+
+
+@flow(name="rl")
+def rl_flow(ctx: StageContext, block: RLInputs, upstream: Upstream | None = None) -> StageResult:
+    """GRPO from the checkpoint the previous stage handed on (else `model.from`), per `stages.rl`."""
+    log = run_logger()
+    cfg, tracker = block.stage, ctx.tracker
+    start_from = start_checkpoint(upstream or Upstream(), block.model_from)
+    with stage_run(ctx, STAGE, {"stagewise.start_checkpoint": start_from}) as run_id:
+        data = cfg.data
+        world_dir = None
+        if data.world is not None:
+            world_dir = value_of(rl_world_task(data.world, data.world.entities or block.world_entities, ctx.seed,
+                                               ctx.workdir))
+        paths = [resolve(s.path, ctx.base_dir, world_dir) for s in data.sources]
+        train_rows = [r for s, p in zip(data.sources, paths)
+                      for r in load_tasks(p, s.name, s.domain, s.environment, s.on_bad_line)]
+        heldout = data.heldout or ("@world/rl_eval.jsonl" if world_dir else None)
+        heldout_path = resolve(heldout, ctx.base_dir, world_dir) if heldout else None
+        heldout_rows = load_tasks(heldout_path, "heldout", None, None) if heldout_path else []
+        inputs = [checkpoint_hash(start_from), *(file_hash(p) for p in paths),
+                  file_hash(heldout_path) if heldout_path else "-"]
+        out_dir = step_dir(ctx.stages_root, STAGE, rl_spec(block, ctx.seed), inputs)
+        reused = reused_result(ctx, STAGE, run_id, out_dir)
+        if reused is not None:
+            return reused
+        return _train(ctx, block, start_from, train_rows, heldout_rows, out_dir, run_id, log)
+
+
+def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, heldout_rows, out_dir: Path, run_id: str,
+           log) -> StageResult:
+    import torch
+    from transformers import AutoTokenizer
+
+    from data.chat import install_chat_template
+    from data.rl_curriculum import difficulty_filter
+    from data.rl_sampler import CurriculumSampler
+    from model.build import load_model
+    from model.config import TrainConfig
+    from model.engine import Trainer
+    from model.objectives.grpo import GRPOObjective
+    from model.rl_batches import RolloutBatches
+    from model.rollout import make_generator
+
+    cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
+    tokenizer = AutoTokenizer.from_pretrained(start_from)
+    if not tokenizer.chat_template:
+        install_chat_template(tokenizer)
+    trained = {r.domain for r in train_rows}  # held-out rows of the domains this stage trains
+    heldout_rows = _round_robin([r for r in heldout_rows if r.domain in trained], cfg.data.heldout_limit)
+    wiring = RLWiring(tokenizer, train_rows + heldout_rows, cfg.rewards, cfg.reasoning)
+    policy = load_model(start_from, device=device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    options = {"device": device} if cfg.backend == "hf" else {"url": cfg.vllm_url}
+    generator = make_generator(cfg.backend, policy, end_ids(tokenizer), pad_id, **options)
+    ro = cfg.rollout
+
+    # the difficulty profile and filter
+    train_ids = [r.id for r in train_rows]
+    if cfg.filter is not None:
+        rates = value_of(profile_task(str(out_dir), generator, wiring, train_ids, cfg.filter.samples,
+                                      ro.max_new_tokens, ro.temperature, ctx.seed, tracker, run_id))
+        kept, counts = difficulty_filter(rates, cfg.filter.drop_solved, cfg.filter.drop_unsolved)
+    else:
+        rates = {i: 0.5 for i in train_ids}
+        kept, counts = train_ids, {"kept": len(train_ids)}
+    tracker.log_metrics(run_id, [(0, 0, {f"rl/filter/{k}": float(v) for k, v in counts.items()})])
+    log.info("rl: %d of %d training prompts kept by the difficulty filter (%s)", len(kept), len(train_ids),
+             ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+    heldout_ids = [r.id for r in heldout_rows]
+    evaluate = lambda at: value_of(heldout_eval_task(  # noqa: E731
+        generator, wiring, heldout_ids, cfg.data.heldout_samples, ro.max_new_tokens, ro.temperature, ctx.seed,
+        tracker, run_id, at)) if heldout_ids else {}
+    generator.sync_weights(policy.state_dict())
+    before = evaluate((0, 0))
+    _say_heldout(log, "before", before)
+
+    by_domain: dict[str, list[tuple[str, float]]] = {}
+    for i in kept:
+        by_domain.setdefault(wiring.prompts[i].domain, []).append((i, rates[i]))
+    ratios = cfg.domains or {d: 1.0 for d in sorted(by_domain)}
+    sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps, cfg.curriculum, ctx.seed)
+    batches = RolloutBatches(policy, generator, wiring.prompts, sampler, wiring.score, ro, ctx.seed, pad_id)
+    seq_length = max(len(p.ids) for p in wiring.prompts.values()) + ro.max_new_tokens
+    rows_per_step = cfg.prompts_per_step * ro.group_size
+    train_cfg = TrainConfig(
+        tokens=cfg.steps * seq_length * rows_per_step, seq_length=seq_length, global_batch=rows_per_step,
+        micro_batch=math.gcd(rows_per_step, cfg.micro_batch), optimizer=cfg.optimizer, schedule=cfg.schedule,
+        precision=ctx.runtime.precision_for(cfg.precision), lb_loss_coeff=0.0,
+        checkpoint_every_tokens=cfg.checkpoint_every_steps * seq_length * rows_per_step
+        if cfg.checkpoint_every_steps else None, monitor=cfg.monitor)
+    trainer = Trainer(policy, train_cfg, batches, GRPOObjective(cfg.grpo), out_dir, stage=STAGE,
+                      tokenizer_dir=start_from, recipe_hash=ctx.recipe_hash, log=rl_metric_log(tracker, run_id),
+                      device=device, parent=start_from)
+    resume = resume_point(out_dir, ctx.resume)
+    ckpt = value_of(rl_train_task(trainer, batches, resume.path if resume else None, tracker, run_id))
+    generator.sync_weights(policy.state_dict())
+    with torch.no_grad():
+        after = evaluate((ckpt.step, ckpt.tokens_seen))
+    _say_heldout(log, "after", after)
+    deltas = {f"rl/heldout/{k.split('/', 2)[2]}_delta": after[k] - before[k] for k in before if k in after}
+    tracker.log_metrics(run_id, [(ckpt.step, ckpt.tokens_seen, deltas)])
+    _report(tracker, run_id, before, after)
+    summary = StageSummary(metric=TARGET, before=before.get(TARGET), after=after.get(TARGET), higher_is_better=True,
+                           tokens=batches.trained_tokens)
+    result = StageResult(stage=STAGE, parent=start_from, checkpoint=ckpt.path, run_id=run_id,
+                         metrics={**after, **{f"base/{k}": v for k, v in before.items()}, **deltas},
+                         stage_dir=str(out_dir), summary=summary)
+    return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))
+
+
+def _round_robin(rows: list, limit: int | None) -> list:
+    """At most `limit` rows taken round-robin over domains (each in file order), so no domain is cut out."""
+    if limit is None or limit >= len(rows):
+        return rows
+    per: dict[str, list] = {}
+    for r in rows:
+        per.setdefault(r.domain, []).append(r)
+    queues, out = [iter(v) for _, v in sorted(per.items())], []
+    while len(out) < limit:
+        for q in queues:
+            r = next(q, None)
+            if r is not None and len(out) < limit:
+                out.append(r)
+    return out
+
+
+def _say_heldout(log, when: str, metrics: dict[str, float]) -> None:
+    if metrics:
+        log.info("rl: held-out %s: %s", when, ", ".join(f"{k.removeprefix('rl/heldout/')} {v:.3f}"
+                                                        for k, v in sorted(metrics.items())))
+
+
+def _report(tracker, run_id: str, before: dict[str, float], after: dict[str, float]) -> None:
+    """The before/after table (JSON) and picture (PNG) of the held-out evaluation."""
+    if not before:
+        return
+    from eval.plots import before_after_plot
+
+    table = {k: {"sft": before[k], "rl": after.get(k)} for k in before}
+    tracker.log_json(run_id, table, "reports/rl_before_after.json")
+    tracker.log_figure(run_id, before_after_plot(before, after, "RL: held-out pass@1 and greedy accuracy"),
+                       "reports/rl_before_after.png")
+
+
+STAGE_ENTRY = Stage(name=STAGE, flow=rl_flow, select=select, start="handed_on")

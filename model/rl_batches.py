@@ -1,0 +1,276 @@
+"""RL batches: every optimizer step's rollouts, rewards and advantages, as the engine's batch source.
+
+    batches = RolloutBatches(policy, generator, prompts, sampler, score, settings, seed, pad_id)
+    Trainer(policy, train_cfg, batches, GRPOObjective(cfg), ...)   # model/engine.py, unchanged loop
+
+One step s: the sampler picks the step's prompts (curriculum, fixed domain ratios), the
+generator samples `group_size` responses per prompt, `score` turns them into rewards, groups
+whose rewards all agree are dropped (dynamic sampling: they carry no gradient), and the rest
+become one RolloutBatch with leave-one-out advantages (model/objectives/grpo.py). When fewer
+than `min_groups` groups have any signal, more prompts are drawn (`max_refills` times); a step
+whose every draw lacks signal trains on its last draw with zero advantages (`rl/empty_step`).
+
+**One-step off-policy** (`off_policy: true`): when step s's batch is handed to the trainer,
+step s+1's rollouts start in a background thread from a copy of the weights *before* step s
+trains, so sampling overlaps training and the batch a step trains on is at most one update
+old. That batch carries `old_logprobs`, the trainer-style log-probabilities of its tokens
+under the weights that sampled it (computed by the same thread), so the objective's ratio
+ρ = π_θ/π_old measures exactly the one-step staleness (and is clipped), while the masked
+importance weight π_old/π_rollout measures only the sampler-vs-trainer numerics. In the
+synchronous mode a step's rollouts come from its own starting weights (ρ = 1).
+
+Everything a batch depends on is a function of (weights it was sampled with, step, seed):
+prompts come from `sampler.sample(step, attempt)`, tokens from a generator seeded per step.
+The pending off-policy batch is part of `state_dict()` (tensors as base64 safetensors), so a
+resumed run trains the very batches an uninterrupted one would (tests/model/test_rl_resume.py).
+
+This module knows nothing of verifiers or curricula: `score` and the sampler are handed in
+(the RL stage wires eval/environments and data/rl_curriculum), so model/ stays torch-only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from model.objectives.grpo import RolloutBatch, leave_one_out, token_logprobs
+from model.rollout import Generator, Rollout
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One RL prompt, tokenised (chat template applied, generation prompt added)."""
+
+    id: str
+    domain: str
+    ids: tuple[int, ...]
+
+
+Score = Callable[[Prompt, list[Rollout]], dict[str, list[float]]]
+"""(prompt, its group of rollouts) -> reward components, each a list over the group; must hold
+"total" (what the advantage is computed from) and "accuracy" (the verifier's 0/1)."""
+
+
+class Sampler(Protocol):
+    """Which prompts a step trains on (a curriculum); deterministic in (step, attempt)."""
+
+    def sample(self, step: int, attempt: int) -> list[str]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class RolloutSettings(BaseModel):
+    """How each step's rollouts are drawn."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    group_size: int = Field(8, ge=2)
+    """G: responses sampled per prompt (the leave-one-out baseline needs at least 2)."""
+    max_new_tokens: int = Field(16, gt=0)
+    """Longest response; longer ones are cut (and usually score 0)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; the trainer's log-probabilities use the same one."""
+    off_policy: bool = True
+    """One-step off-policy rollouts (step s+1 sampled while step s trains); false: synchronous."""
+    scale_by_std: bool = False
+    """Divide advantages by the group's reward std (Dr. GRPO leaves it off)."""
+    min_groups: int = Field(1, ge=1)
+    """Draw more prompts when fewer groups than this have any reward variance."""
+    max_refills: int = Field(2, ge=0)
+    """How many extra draws a step may make to reach min_groups."""
+
+
+def seed_for(seed: int, *parts: object) -> int:
+    """A 63-bit seed for one draw (step, attempt...), independent of any RNG's position."""
+    digest = hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of the weights, safe to read while the trainer updates the originals."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class RolloutBatches:
+    """The engine's batch source for GRPO (see the module docstring)."""
+
+    def __init__(self, policy: torch.nn.Module, generator: Generator, prompts: dict[str, Prompt], sampler: Sampler,
+                 score: Score, settings: RolloutSettings, seed: int, pad_id: int,
+                 on_step: Callable[[int, dict[str, float]], None] | None = None):
+        self.policy, self.generator, self.prompts = policy, generator, prompts
+        self.sampler, self.score, self.settings = sampler, score, settings
+        self.seed, self.pad_id, self.on_step = seed, pad_id, on_step
+        self.step = 0
+        self.trained_tokens = 0
+        self._pending: Future | None = None
+        self._restored: RolloutBatch | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollouts") if settings.off_policy else None
+
+    # ------------------------------------------------------------------ the engine's calls
+
+    def next_batch(self) -> RolloutBatch:
+        step = self.step + 1
+        if not self.settings.off_policy:
+            self.generator.sync_weights(self.policy.state_dict())
+            batch = self._collect(step, with_old=False)
+        else:
+            batch = self._take(step)
+            # the next step's rollouts, from the weights this step starts from, while it trains
+            self._pending = self._pool.submit(self._collect_with, snapshot(self.policy), step + 1)
+        self.step = step
+        self.trained_tokens += int(batch["response_mask"].sum())
+        if self.on_step is not None:
+            self.on_step(step, batch.metrics)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"step": self.step, "trained_tokens": self.trained_tokens,
+                                 "sampler": self.sampler.state_dict()}
+        pending = self._restored if self._restored is not None else (
+            self._pending.result() if self._pending is not None else None)
+        state["pending"] = encode_batch(pending) if pending is not None else None
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.trained_tokens = int(state["step"]), int(state.get("trained_tokens", 0))
+        self.sampler.load_state_dict(state["sampler"])
+        self._pending = None
+        self._restored = decode_batch(state["pending"]) if state.get("pending") else None
+
+    def close(self) -> None:
+        """Wait for a rollout in flight and stop the background thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ rollouts
+
+    def _take(self, step: int) -> RolloutBatch:
+        if self._restored is not None:
+            batch, self._restored = self._restored, None
+            return batch
+        if self._pending is not None:
+            return self._pending.result()
+        # the first step (or a resume without a pending batch): sampled now, from the current weights
+        return self._collect_with(snapshot(self.policy), step)
+
+    def _collect_with(self, weights: dict[str, torch.Tensor], step: int) -> RolloutBatch:
+        self.generator.sync_weights(weights)
+        return self._collect(step, with_old=True)
+
+    def _collect(self, step: int, with_old: bool) -> RolloutBatch:
+        s = self.settings
+        started = time.perf_counter()
+        groups: list[tuple[Prompt, list[Rollout], dict[str, list[float]]]] = []
+        kept: list[tuple[Prompt, list[Rollout], dict[str, list[float]]]] = []
+        for attempt in range(s.max_refills + 1):
+            chosen = [self.prompts[i] for i in self.sampler.sample(step, attempt)]
+            sampled = self.generator.generate([list(p.ids) for p in chosen], s.group_size, s.max_new_tokens,
+                                              s.temperature, seed_for(self.seed, "rollout", step, attempt))
+            for prompt, group in zip(chosen, sampled):
+                rewards = self.score(prompt, group)
+                groups.append((prompt, group, rewards))
+                if max(rewards["total"]) > min(rewards["total"]):
+                    kept.append((prompt, group, rewards))
+            if len(kept) >= s.min_groups:
+                break
+        rollout_s = time.perf_counter() - started
+        empty = not kept
+        if empty:  # no draw had any signal: the step trains on the last draw with zero advantages
+            kept = groups[-len(chosen):]
+        batch = self._tensors(kept)
+        if with_old and len(batch["input_ids"]):
+            model = getattr(self.generator, "model", None)
+            if model is not None:  # trainer-style log-probs under the weights that sampled (off-policy)
+                with torch.no_grad():
+                    old, _ = token_logprobs(model, batch["input_ids"], s.temperature)
+                batch["old_logprobs"] = old * batch["response_mask"]
+        batch.metrics = self._metrics(groups, [] if empty else kept, rollout_s)
+        batch.metrics["rl/empty_step"] = float(empty)
+        return batch
+
+    def _tensors(self, kept: list[tuple[Prompt, list[Rollout], dict[str, list[float]]]]) -> RolloutBatch:
+        rows, advantages, masks, logps = [], [], [], []
+        for prompt, group, rewards in kept:
+            adv = leave_one_out(torch.tensor(rewards["total"], dtype=torch.float32), self.settings.scale_by_std)
+            for rollout, a in zip(group, adv.tolist()):
+                ids = list(prompt.ids) + rollout.response_ids
+                rows.append(ids)
+                # targets are ids[1:]: the response's tokens are targets from position len(prompt) - 1
+                start = len(prompt.ids) - 1
+                masks.append([0.0] * start + [1.0] * len(rollout.response_ids))
+                logps.append([0.0] * start + list(rollout.logprobs))
+                advantages.append(a)
+        width = max((len(r) for r in rows), default=2)
+        pad = lambda seq, value, n: seq + [value] * (n - len(seq))  # noqa: E731
+        return RolloutBatch(
+            input_ids=torch.tensor([pad(r, self.pad_id, width) for r in rows], dtype=torch.long).reshape(-1, width),
+            response_mask=torch.tensor([pad(m, 0.0, width - 1) for m in masks]).reshape(-1, width - 1),
+            rollout_logprobs=torch.tensor([pad(lp, 0.0, width - 1) for lp in logps]).reshape(-1, width - 1),
+            advantages=torch.tensor(advantages, dtype=torch.float32),
+        )
+
+    def _metrics(self, groups, kept, rollout_s: float) -> dict[str, float]:
+        every = [r for _, _, r in groups]
+        out: dict[str, float] = {}
+        for name in every[0] if every else []:
+            values = [v for r in every for v in r[name]]
+            out[f"rl/reward/{name}"] = sum(values) / len(values)
+        by_domain: dict[str, list[float]] = {}
+        for prompt, _, rewards in groups:
+            by_domain.setdefault(prompt.domain, []).extend(rewards["accuracy"])
+        out |= {f"rl/train_accuracy/{d}": sum(v) / len(v) for d, v in sorted(by_domain.items())}
+        rollouts = [r for _, group, _ in groups for r in group]
+        generated = sum(len(r.response_ids) for r in rollouts)
+        out["rl/groups"] = float(len(groups))
+        out["rl/kept_groups"] = float(len(kept))
+        out["rl/dropped_groups"] = float(len(groups) - len(kept))
+        out["rl/response_length"] = generated / max(len(rollouts), 1)
+        out["rl/truncated_fraction"] = sum(not r.finished for r in rollouts) / max(len(rollouts), 1)
+        out["rl/rollout_seconds"] = rollout_s
+        out["rl/rollout_tokens_per_s"] = generated / max(rollout_s, 1e-9)
+        return out
+
+
+# ---------------------------------------------------------------------- (de)serialising a batch
+
+def encode_batch(batch: RolloutBatch) -> dict[str, Any]:
+    """A batch as JSON-able data (exact: tensors as base64 safetensors)."""
+    tensors = {k: v.contiguous() for k, v in batch.items()}
+    return {"tensors": base64.b64encode(st_save(tensors)).decode("ascii"), "metrics": dict(batch.metrics)}
+
+
+def decode_batch(doc: dict[str, Any]) -> RolloutBatch:
+    batch = RolloutBatch(st_load(base64.b64decode(doc["tensors"])))
+    batch.metrics = dict(doc.get("metrics") or {})
+    return batch
+
+
+# ---------------------------------------------------------------------- profiling and evaluation
+
+def pass_rates(generator: Generator, prompts: list[Prompt], score: Score, samples: int, max_new_tokens: int,
+               temperature: float, seed: int, chunk: int = 16) -> dict[str, list[float]]:
+    """Each prompt's verifier results over `samples` responses (temperature 0: one greedy answer).
+
+    Used for the difficulty profile (the starting policy, k samples), re-profiling on plateau,
+    and held-out pass@1 (mean over samples and prompts). Chunked so the generator's batch
+    holds `chunk` x samples rows."""
+    out: dict[str, list[float]] = {}
+    n = 1 if temperature <= 0 else samples
+    for start in range(0, len(prompts), chunk):
+        part = prompts[start:start + chunk]
+        groups = generator.generate([list(p.ids) for p in part], n, max_new_tokens, temperature,
+                                    seed_for(seed, "profile", start))
+        for prompt, group in zip(part, groups):
+            out[prompt.id] = list(score(prompt, group)["accuracy"])
+    return out

@@ -1,0 +1,67 @@
+"""The generation interface RL and distillation sample through: prompts in, sampled responses out.
+
+    gen = HFGenerator(policy, end_ids=[im_end], pad_id=0)     # CPU (or one GPU): transformers' generate
+    gen.sync_weights(policy.state_dict())                      # the weights to sample with
+    groups = gen.generate([[...prompt ids...], ...], n=8, max_new_tokens=16, temperature=1.0, seed=7)
+    groups[i][j].response_ids, .logprobs, .finished
+
+Every backend returns, per sampled token, the log-probability the *sampling* policy gave it
+(at the sampling temperature), because the GRPO objective's masked importance sampling
+compares it with the trainer's own log-probability of the same token: the two differ by
+numerics (a cached, left-padded decode against a full forward; vLLM's kernels against the
+trainer's) and, with one-step off-policy rollouts, by one optimizer step.
+
+Backends: `HFGenerator` (model/rollout/hf.py), in process, deterministic for a given seed (its
+own torch.Generator, so a background thread's sampling never touches the global RNG); and
+`VLLMGenerator` (model/rollout/vllm.py, optional extra, lazily imported), a `trl vllm-serve`
+server reached through TRL's VLLMClient, for GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """One sampled response to one prompt."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    """The sampled tokens, up to and including the end token when `finished`."""
+    logprobs: list[float] = field(default_factory=list)
+    """log π_rollout(token) at the sampling temperature, one per response token."""
+    finished: bool = False
+    """The response ended with an end token (else it hit max_new_tokens)."""
+
+
+class Generator(Protocol):
+    """What a rollout backend offers."""
+
+    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Sample with these weights from now on."""
+        ...
+
+    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float,
+                 seed: int) -> list[list[Rollout]]:
+        """`n` samples per prompt (temperature 0: greedy, n must be 1); deterministic for `seed`."""
+        ...
+
+
+def make_generator(backend: str, policy: torch.nn.Module, end_ids: list[int], pad_id: int, **options) -> Generator:
+    """The named backend: "hf" (in process) or "vllm" (a running `trl vllm-serve`; optional extra)."""
+    if backend == "hf":
+        from model.rollout.hf import HFGenerator
+
+        return HFGenerator(policy, end_ids, pad_id, **options)
+    if backend == "vllm":
+        from model.rollout.vllm import VLLMGenerator
+
+        return VLLMGenerator(policy, end_ids, pad_id, **options)
+    raise ValueError(f"unknown rollout backend {backend!r}: use hf or vllm")
+
+
+__all__ = ["Generator", "Rollout", "make_generator"]

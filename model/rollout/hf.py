@@ -1,0 +1,94 @@
+"""Rollouts with transformers' `generate` (KV/SSM cache), sampled by our own seeded generator.
+
+Sampling is done by a logits processor: it draws the next token from softmax(logits / T) with
+a private `torch.Generator`, records that token's log-probability, and hands `generate` a
+score row where only the drawn token is finite, so greedy decoding picks it. Why not
+`do_sample=True`: that draws from the process-wide RNG, which a rollout running in a
+background thread (one-step off-policy) would share with the trainer, and which a resumed
+run could not replay. With a private generator seeded per step the same weights and seed
+give the same tokens, in any thread, before or after a resume.
+
+The generator keeps its own copy of the model (`sync_weights` loads into it), so the
+trainer may update the policy while a rollout is being sampled.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from model.rollout import Rollout
+
+
+class _Sampler:
+    """A LogitsProcessor that samples with its own generator and records log-probabilities."""
+
+    def __init__(self, temperature: float, generator: torch.Generator):
+        self.temperature, self.generator = temperature, generator
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        token = torch.multinomial(logp.exp(), 1, generator=self.generator)
+        self.logprobs.append(logp.gather(1, token).squeeze(1))
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(1, token, 0.0)
+
+
+class HFGenerator:
+    """In-process rollouts (see the module docstring)."""
+
+    def __init__(self, policy: torch.nn.Module, end_ids: list[int], pad_id: int, batch_rows: int = 128,
+                 device: str | torch.device = "cpu"):
+        self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.end_ids, self.pad_id, self.batch_rows = list(end_ids), pad_id, batch_rows
+        self.device = torch.device(device)
+        self.model.to(self.device)
+
+    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state_dict, strict=True)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float,
+                 seed: int) -> list[list[Rollout]]:
+        if temperature <= 0 and n != 1:
+            raise ValueError("greedy decoding (temperature 0) gives one response per prompt: use n=1")
+        rows = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        out: list[list[Rollout]] = [[] for _ in prompts]
+        # similar lengths together: less padding; the order is fixed, so the draws are too
+        order = sorted(range(len(rows)), key=lambda r: (len(rows[r][1]), r))
+        done: dict[int, Rollout] = {}
+        for start in range(0, len(order), self.batch_rows):
+            chunk = order[start:start + self.batch_rows]
+            for r, rollout in zip(chunk, self._batch([rows[r][1] for r in chunk], max_new_tokens, temperature,
+                                                      generator)):
+                done[r] = rollout
+        for r, (i, _) in enumerate(rows):
+            out[i].append(done[r])
+        return out
+
+    def _batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+               generator: torch.Generator) -> list[Rollout]:
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        sampler = _Sampler(temperature, generator) if temperature > 0 else None
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+            logits_processor=[sampler] if sampler else None, eos_token_id=self.end_ids, pad_token_id=self.pad_id,
+            output_scores=sampler is None, return_dict_in_generate=True)
+        new = out.sequences[:, width:].tolist()
+        if sampler is not None:
+            logps = torch.stack(sampler.logprobs, 1).tolist() if sampler.logprobs else [[] for _ in prompts]
+        else:
+            steps = [torch.log_softmax(s.float(), -1) for s in out.scores]
+            logps = [[float(steps[t][b, new[b][t]]) for t in range(len(new[b]))] for b in range(len(prompts))]
+        rollouts = []
+        for b, p in enumerate(prompts):
+            cut = next((j for j, t in enumerate(new[b]) if t in self.end_ids), None)
+            length = len(new[b]) if cut is None else cut + 1
+            rollouts.append(Rollout(prompt_ids=list(p), response_ids=new[b][:length], logprobs=logps[b][:length],
+                                    finished=cut is not None))
+        return rollouts

@@ -1,0 +1,212 @@
+"""Prefect tasks of the RL stage, and the wiring between rows, verifiers, rollouts and the engine.
+
+    rl_world_task          the demo world's task rows, once per (settings, seed)
+    load_tasks             sources -> TaskRows (domain + environment resolved, ids unique)
+    RLWiring               tokenizer, prompts, reward function: what the batch source, the profile
+                           and the evaluation share
+    profile_task           pass rate of every training prompt under the starting policy (k samples),
+                           written once into the stage directory (a resume reads it back)
+    heldout_eval_task      pass@1 (mean verifier result over samples at the rollout temperature) and
+                           greedy accuracy per domain, logged under rl/heldout/
+    rl_train_task          the engine's Trainer with GRPOObjective over RolloutBatches
+
+Metric names: the objective's per-step values come out of the engine as `train/<name>`; the
+ones that are RL's own (clip and masked-IS fractions, KL, entropy, the ratio) are logged as
+`rl/<name>`, next to what the batch source measured (`rl/reward/<component>`, kept groups,
+response length, rollout tokens/s).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from data.rl_rows import RLRow
+from tasks.policy import once, retrying, run_logger
+from tasks.refs import CheckpointRef
+from tasks.steps import cached, step_hash
+from tasks.tracking import Tracker
+
+RL_DATA_VERSION = 1
+RL_OBJECTIVE_METRICS = ("pg_loss", "clip_fraction", "is_masked_fraction", "kl", "entropy", "ratio_mean")
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One row with what the stage resolved for it."""
+
+    id: str
+    domain: str
+    environment: str
+    row: RLRow
+
+
+# --------------------------------------------------------------------------- rows
+
+@task(**retrying("rl-world"))
+def rl_world_task(world, entities: int, seed: int, workdir: str) -> str:
+    """Write the demo world's RL rows once per (settings, seed); returns the directory."""
+    from data.atomic import building
+    from data.world.rl_rows import generate_rl_world
+
+    key = step_hash("rl_world", {"world": world, "entities": entities, "seed": seed, "version": RL_DATA_VERSION})
+    out = Path(workdir) / "rl_world" / key
+    if (out / "rl_eval.jsonl").is_file():
+        return cached(str(out), key, f"RL world: reused {out}")
+    with building(out) as tmp:
+        generate_rl_world(tmp, seed, world.per_domain, world.eval_fraction, entities)
+    run_logger().info("RL world written to %s", out)
+    return str(out)
+
+
+def load_tasks(path: Path, name: str, domain: str | None, environment: str | None,
+               on_bad_line: str = "error") -> list[TaskRow]:
+    """Rows of one file with domain (source > row > name) and environment (source > row) resolved."""
+    from data.errors import BadInput
+    from data.rl_rows import read_rows
+    from eval.environments import get_environment
+
+    out = []
+    for i, row in enumerate(read_rows(path, on_bad_line=on_bad_line), start=1):
+        env = environment or (row.model_extra or {}).get("environment")
+        if not env:
+            raise BadInput(f"{path}: row {i}: no environment: give the source an `environment` "
+                           "or the row an \"environment\" key")
+        get_environment(env)
+        out.append(TaskRow(id=f"{name}:{row.id if row.id is not None else i}", domain=domain or row.domain or name,
+                           environment=env, row=row))
+    return out
+
+
+# --------------------------------------------------------------------------- wiring
+
+class RLWiring:
+    """What rollouts, profile and evaluation share: the tokenizer, prompts and the reward function."""
+
+    def __init__(self, tokenizer: Any, rows: list[TaskRow], rewards, reasoning: bool):
+        from data.rl_rows import prompt_messages
+        from model.rl_batches import Prompt
+
+        self.tokenizer, self.rewards = tokenizer, rewards
+        self.rows = {r.id: r for r in rows}
+        self.prompts = {}
+        for r in rows:
+            text = tokenizer.apply_chat_template(prompt_messages(r.row), tools=r.row.responses_create_params.tools,
+                                                 tokenize=False, add_generation_prompt=True, reasoning=reasoning)
+            self.prompts[r.id] = Prompt(r.id, r.domain, tuple(tokenizer(text, add_special_tokens=False).input_ids))
+
+    def text(self, response_ids: list[int]) -> str:
+        return self.tokenizer.decode(response_ids, skip_special_tokens=True).strip()
+
+    def score(self, prompt, group) -> dict[str, list[float]]:
+        from eval.environments import get_environment
+        from eval.rewards import group_rewards
+
+        task_row = self.rows[prompt.id]
+        texts = [self.text(r.response_ids) for r in group]
+        return group_rewards(texts, [len(r.response_ids) for r in group], task_row.row,
+                             get_environment(task_row.environment), self.rewards)
+
+
+def end_ids(tokenizer: Any) -> list[int]:
+    """Tokens that end a response: <|im_end|> and the tokenizer's eos."""
+    from eval.heldout import _end_ids
+
+    return _end_ids(tokenizer)
+
+
+def by_domain(results: dict[str, list[float]], wiring: RLWiring) -> dict[str, float]:
+    """Mean verifier result per domain and over all prompts (each prompt weighs the same)."""
+    per: dict[str, list[float]] = {}
+    for pid, values in results.items():
+        per.setdefault(wiring.prompts[pid].domain, []).append(sum(values) / len(values))
+    out = {d: sum(v) / len(v) for d, v in sorted(per.items())}
+    every = [x for v in per.values() for x in v]
+    out["all"] = sum(every) / len(every) if every else 0.0
+    return out
+
+
+# --------------------------------------------------------------------------- tasks
+
+@task(**once("rl-profile"))
+def profile_task(out_dir: str, generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
+                 temperature: float, seed: int, tracker: Tracker, run_id: str) -> dict[str, float]:
+    """Pass rate of every training prompt under the starting policy, stored in `<out_dir>/profile.json`.
+
+    The file is written before training starts, so a resumed run reads the very profile the
+    interrupted one trained with (its curriculum depends on it)."""
+    from model.rl_batches import pass_rates
+
+    path = Path(out_dir) / "profile.json"
+    if path.is_file():
+        rates = json.loads(path.read_text())["pass_rates"]
+    else:
+        results = pass_rates(generator, [wiring.prompts[i] for i in ids], wiring.score, samples, max_new_tokens,
+                             temperature, seed)
+        rates = {i: sum(v) / len(v) for i, v in results.items()}
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"samples": samples, "pass_rates": rates}))
+        tmp.replace(path)
+    _log_profile(rates, wiring, samples, tracker, run_id)
+    return rates
+
+
+def _log_profile(rates: dict[str, float], wiring: RLWiring, samples: int, tracker: Tracker, run_id: str) -> None:
+    from eval.plots import pass_rate_histogram
+
+    per: dict[str, list[float]] = {}
+    for pid, rate in rates.items():
+        per.setdefault(wiring.prompts[pid].domain, []).append(rate)
+    tracker.log_json(run_id, {"samples": samples, "pass_rates": rates}, "rl/profile.json")
+    tracker.log_figure(run_id, pass_rate_histogram(per, samples), "rl/profile_pass_rates.png")
+
+
+@task(**once("rl-heldout"))
+def heldout_eval_task(generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
+                      temperature: float, seed: int, tracker: Tracker, run_id: str, at: tuple[int, int]) -> dict[str, float]:
+    """pass@1 and greedy accuracy per domain on the held-out prompts, logged at `at` = (step, tokens)."""
+    from model.rl_batches import pass_rates
+
+    prompts = [wiring.prompts[i] for i in ids]
+    sampled = by_domain(pass_rates(generator, prompts, wiring.score, samples, max_new_tokens, temperature, seed),
+                        wiring)
+    greedy = by_domain(pass_rates(generator, prompts, wiring.score, 1, max_new_tokens, 0.0, seed), wiring)
+    metrics = {f"rl/heldout/pass_at_1/{d}": v for d, v in sampled.items()}
+    metrics |= {f"rl/heldout/greedy/{d}": v for d, v in greedy.items()}
+    tracker.log_metrics(run_id, [(at[0], at[1], metrics)])
+    return metrics
+
+
+@task(**once("rl-train"))
+def rl_train_task(trainer, batches, resume_from: str | None, tracker: Tracker, run_id: str) -> CheckpointRef:
+    """Train GRPO steps until the stage's budget (from `resume_from` when given); save; return the checkpoint."""
+    from model.checkpoint import read_meta
+
+    logger = run_logger()
+    with trainer:
+        try:
+            if resume_from:
+                trainer.resume(Path(resume_from))
+                logger.info("rl: resuming at step %d from %s", trainer.step, resume_from)
+            result = trainer.fit()
+        finally:
+            batches.close()
+    meta = read_meta(result.checkpoint)
+    return CheckpointRef(path=str(result.checkpoint), step=result.step, tokens_seen=result.tokens_seen,
+                         sha256=meta.weight_sha256 or "")
+
+
+def rl_metric_log(tracker: Tracker, run_id: str):
+    """The engine's log callback: RL's own objective values renamed from train/<x> to rl/<x>."""
+    def log(records: list[tuple[int, int, dict[str, float]]]) -> None:
+        renamed = []
+        for step, tokens, metrics in records:
+            renamed.append((step, tokens, {(f"rl/{k[6:]}" if k.startswith("train/") and k[6:] in RL_OBJECTIVE_METRICS
+                                            else k): v for k, v in metrics.items()}))
+        tracker.log_metrics(run_id, renamed)
+    return log

@@ -1,0 +1,149 @@
+"""RolloutBatches: alignment of rollouts into a GRPO batch, dynamic sampling, one-step
+off-policy, and exact resume through the engine (model/rl_batches.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from model.config import OptimizerConfig, ScheduleConfig, TrainConfig
+from model.engine import Trainer
+from model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
+from model.rl_batches import Prompt, RolloutBatches, RolloutSettings, decode_batch, encode_batch, pass_rates
+from model.rollout.hf import HFGenerator
+
+END = 3
+PROMPTS = {f"p{i}": Prompt(f"p{i}", "even" if i % 2 else "odd", tuple(random.Random(i).randrange(4, 200)
+                                                                     for _ in range(3 + i % 4))) for i in range(12)}
+
+
+class CycleSampler:
+    """Four prompts per step, in order (deterministic in step and attempt)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def sample(self, step: int, attempt: int) -> list[str]:
+        ids = sorted(PROMPTS)
+        start = (4 * (step - 1) + 5 * attempt) % len(ids)
+        return [ids[(start + k) % len(ids)] for k in range(4)]
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
+
+
+def parity_score(prompt, group):
+    """1 when the first sampled token is even: rewards that vary inside most groups."""
+    acc = [float(bool(r.response_ids) and r.response_ids[0] % 2 == 0) for r in group]
+    return {"accuracy": acc, "total": acc}
+
+
+def constant_score(prompt, group):
+    return {"accuracy": [1.0] * len(group), "total": [1.0] * len(group)}
+
+
+def make_batches(model, off_policy: bool, score=parity_score, **kw) -> RolloutBatches:
+    settings = RolloutSettings(group_size=4, max_new_tokens=5, temperature=1.0, off_policy=off_policy, **kw)
+    return RolloutBatches(model, HFGenerator(model, [END], 0), PROMPTS, CycleSampler(), score, settings, seed=7,
+                          pad_id=0)
+
+
+def test_rollouts_line_up_with_the_trainer_view(model_factory):
+    model = model_factory(pattern="M*-")
+    batches = make_batches(model, off_policy=False)
+    batch = batches.next_batch().validate()
+    assert batch.metrics["rl/groups"] == 4 and batch.metrics["rl/kept_groups"] >= 1
+    n = int(batch.metrics["rl/kept_groups"]) * 4
+    assert batch["input_ids"].shape[0] == n and batch["advantages"].shape == (n,)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch["input_ids"], 1.0)
+    mask = batch["response_mask"].bool()
+    # the sampler's log-probs (cached, left-padded decoding) are the trainer's up to numerics
+    assert torch.allclose(logp[mask], batch["rollout_logprobs"][mask], atol=1e-4)
+    # every group's advantages sum to zero (leave-one-out) and the mask covers the response exactly
+    assert torch.allclose(batch["advantages"].view(-1, 4).sum(1), torch.zeros(n // 4), atol=1e-6)
+    for row, m in zip(batch["input_ids"], batch["response_mask"]):
+        first = int(m.argmax()) + 1  # the first response token's index in input_ids
+        assert tuple(row[:first].tolist()) in {p.ids for p in PROMPTS.values()}
+
+
+def test_groups_without_reward_variance_are_dropped_and_counted(model_factory):
+    model = model_factory(pattern="M*-")
+    batch = make_batches(model, off_policy=False, score=constant_score, max_refills=1).next_batch()
+    assert batch.metrics["rl/kept_groups"] == 0
+    assert batch.metrics["rl/dropped_groups"] == batch.metrics["rl/groups"] == 8  # two draws of four
+    # nothing to learn from: the step still runs, with zero advantages
+    assert batch["advantages"].abs().sum() == 0 and batch.metrics["rl/empty_step"] == 1.0
+
+
+def test_off_policy_batches_are_sampled_one_step_behind(model_factory, tmp_path):
+    model = model_factory(pattern="M*-")
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    batches = make_batches(model, off_policy=True)
+    trainer = Trainer(model, _cfg(2), batches, GRPOObjective(GRPOConfig()), tmp_path, "rl", None, "h", progress=False)
+    trainer.fit(until_tokens=_cfg(2).tokens_per_step)  # step 1 trains; step 2's rollouts were sampled before it
+    batches.close()
+    pending = batches._pending.result()
+    before = model_factory(pattern="M*-")
+    before.load_state_dict(start)
+    with torch.no_grad():
+        at_start, _ = token_logprobs(before, pending["input_ids"], 1.0)
+        now, _ = token_logprobs(model, pending["input_ids"], 1.0)
+    mask = pending["response_mask"].bool()
+    assert torch.allclose(pending["old_logprobs"][mask], at_start[mask], atol=1e-6)
+    assert not torch.allclose(pending["old_logprobs"][mask], now[mask], atol=1e-6)
+
+
+def test_batch_encoding_is_exact(model_factory):
+    batch = make_batches(model_factory(pattern="M*-"), off_policy=True).next_batch()
+    again = decode_batch(encode_batch(batch))
+    assert set(again) == set(batch) and all(torch.equal(again[k], batch[k]) for k in batch)
+    assert again.metrics == batch.metrics
+
+
+@pytest.mark.parametrize("off_policy", [True, False])
+def test_resume_gives_the_same_weights(model_factory, tmp_path, off_policy):
+    cfg = _cfg(4, every=2)
+
+    def run(out, stop_after: int | None):
+        model = model_factory(pattern="M*-")
+        batches = make_batches(model, off_policy=off_policy)
+        trainer = Trainer(model, cfg, batches, GRPOObjective(GRPOConfig()), out, "rl", None, "h", progress=False)
+        trainer.fit(until_tokens=None if stop_after is None else stop_after * cfg.tokens_per_step)
+        batches.close()
+        return model, trainer
+
+    whole, _ = run(tmp_path / "a", None)
+    _, first = run(tmp_path / "b", 2)
+    model = model_factory(pattern="M*-")
+    batches = make_batches(model, off_policy=off_policy)
+    resumed = Trainer(model, cfg, batches, GRPOObjective(GRPOConfig()), tmp_path / "b", "rl", None, "h", progress=False)
+    resumed.resume(first.last_checkpoint)
+    resumed.fit()
+    batches.close()
+    for (name, a), b in zip(whole.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_pass_rates_are_per_prompt_and_deterministic(model_factory):
+    model = model_factory(pattern="M*-")
+    gen = HFGenerator(model, [END], 0)
+    prompts = list(PROMPTS.values())[:5]
+    a = pass_rates(gen, prompts, parity_score, samples=6, max_new_tokens=3, temperature=1.0, seed=1, chunk=2)
+    assert list(a) == [p.id for p in prompts] and all(len(v) == 6 for v in a.values())
+    assert a == pass_rates(gen, prompts, parity_score, samples=6, max_new_tokens=3, temperature=1.0, seed=1, chunk=2)
+    greedy = pass_rates(gen, prompts, parity_score, samples=6, max_new_tokens=3, temperature=0.0, seed=1)
+    assert all(len(v) == 1 for v in greedy.values())
+
+
+def _cfg(steps: int, every: int | None = None) -> TrainConfig:
+    seq, rows = 16, 16
+    return TrainConfig(tokens=steps * seq * rows, seq_length=seq, global_batch=rows, micro_batch=8,
+                       optimizer=OptimizerConfig(lr=1e-2, min_lr=1e-2, weight_decay=0.0),
+                       schedule=ScheduleConfig(kind="constant"), lb_loss_coeff=0.0,
+                       checkpoint_every_tokens=every * seq * rows if every else None)
