@@ -112,7 +112,7 @@ class VLLMGenerator:
             try:
                 client = client_class(base_url=url, group_port=group_port, connection_timeout=connection_timeout)
             except ImportError as err:  # trl is there, vllm is not
-                raise RuntimeError(f"the vllm rollout backend: {err}: {INSTALL_HINT}") from err
+                raise RuntimeError(f"the vllm rollout backend: {str(err).rstrip('.')}: {INSTALL_HINT}") from err
             except OSError as err:  # requests' ConnectionError (an OSError) when nothing listens at url
                 raise RuntimeError(f"no vLLM server answers at {url} ({err}); start one: {INSTALL_HINT}") from err
         self.client = client

@@ -1,0 +1,65 @@
+"""The RL throughput benchmark runs both modes on a tiny random checkpoint and reports their ratio."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "4",
+         "--heldout", "4", "--heldout-samples", "2", "--threads", "1", "--device", "cpu"]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("rl_throughput", ROOT / "benchmarks" / "rl_throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    from data.world.rl_rows import generate_rl_world
+
+    out = tmp_path_factory.mktemp("rl_rows")
+    generate_rl_world(out, seed=3, per_domain=24, eval_fraction=0.3, n_entities=40)
+    return out
+
+
+def test_both_modes_run_the_same_steps_and_the_table_shows_their_ratio(tiny_checkpoint, rows, capsys, monkeypatch):
+    bench = _bench()
+    assert bench.main(["--checkpoint", str(tiny_checkpoint), "--rows", str(rows), *SMALL, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    sync, off = result["modes"]["sync"], result["modes"]["off-policy"]
+    for m in (sync, off):
+        assert m["steps"] == 2 and m["wall_s"] > 0 and m["generated_tokens"] > 0 and m["trained_tokens"] > 0
+        assert m["tokens_per_s"] == pytest.approx((m["generated_tokens"] + m["trained_tokens"]) / m["wall_s"])
+        assert 0 <= m["train_accuracy_last"] <= 1 and set(m["heldout"]) == {"greedy", "pass_at_1"}
+    assert result["ratio_tokens_per_s"] == pytest.approx(off["tokens_per_s"] / sync["tokens_per_s"])
+    assert 0 < result["heldout_prompts"] <= 4 and set(result["start"]["heldout"]) == {"greedy", "pass_at_1"}
+
+    bench.print_table(result)
+    table = capsys.readouterr().out
+    assert all(row in table for row in ("│ start ", "│ sync ", "│ off-policy "))
+    assert f"off-policy / sync: tokens/s {result['ratio_tokens_per_s']:.2f}x" in table
+
+
+def test_missing_inputs_exit_2_saying_what_to_do(tiny_checkpoint, rows, tmp_path, capsys, monkeypatch):
+    bench = _bench()
+    monkeypatch.setattr(bench, "newest", lambda *a, **k: None)
+    assert bench.main(["--rows", str(rows)]) == 2
+    assert "stagewise demo" in capsys.readouterr().err
+    assert bench.main(["--checkpoint", str(tiny_checkpoint), "--rows", str(tmp_path)]) == 2
+    assert f"--rows {tmp_path}: missing rl_arithmetic.jsonl, rl_format.jsonl, rl_eval.jsonl" in capsys.readouterr().err
+    assert bench.main(["--checkpoint", str(tmp_path), "--rows", str(rows)]) == 2
+    assert "not a checkpoint" in capsys.readouterr().err
+
+
+def test_held_out_rows_are_taken_in_turn_from_each_domain():
+    from types import SimpleNamespace as Row
+
+    rows = [Row(domain=d, n=i) for d, i in [("b", 0), ("b", 1), ("b", 2), ("a", 0)]]
+    assert [(r.domain, r.n) for r in _bench().round_robin(rows, 3)] == [("a", 0), ("b", 0), ("b", 1)]
