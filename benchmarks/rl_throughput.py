@@ -25,7 +25,10 @@ both cost rollouts that are not the loop being measured), with the same seed in 
 so both train on the same prompts at every step. Off-policy can only gain where sampling
 and training can run at the same time: on a GPU, or a CPU with free cores. On a 2-core CPU
 shared with other work, the two threads compete for the same cores; the table notes a
-load average above the core count. Use --threads to fix torch's intra-op threads.
+load average above the core count. There use `--threads 1`: with more intra-op threads than
+free cores one mode can run 10x slower than the other for no reason of its own (measured:
+sync 29 s/step with 2 threads at load 6 against 2 s/step with 1 thread), and the ratio says
+nothing.
 
 Defaults: the newest demo SFT checkpoint (runs/tiny/stages/sft-stage2-*/step-*; `stagewise
 demo` makes one) and the newest demo RL rows (runs/tiny/rl_world/*/); exit 2 when either is
@@ -230,7 +233,9 @@ def print_table(r: dict) -> None:
                   f"(held-out: {r['heldout_prompts']} prompts, pass@1 over {r['heldout_samples']} samples)")
     if r["device"] == "cpu" and r["load_avg_1m"] > r["cpu_count"]:
         console.print(f"[yellow]note: load average {r['load_avg_1m']:.1f} on {r['cpu_count']} CPUs: other processes "
-                      "share these cores; timings are noisy and off-policy's overlap has no free core to use")
+                      "share these cores; timings are noisy and off-policy's overlap has no free core to use"
+                      + (" (try --threads 1: oversubscribed OpenMP threads slow steps 10x and more)"
+                         if r["threads"] > 1 else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
