@@ -208,6 +208,12 @@ def _report(tracker, run_id: str, before: dict[str, float], after: dict[str, flo
 
     table = {k: {"sft": before[k], "rl": after.get(k)} for k in before}
     tracker.log_json(run_id, table, "reports/rl_before_after.json")
+    from eval.plots import rl_training_plot
+
+    names = ["rl/groups", "rl/kept_groups", "rl/is_masked_fraction", "rl/clip_fraction",
+             *(f"rl/reward/{c}" for c in ("accuracy", "format", "length", "total"))]
+    tracker.log_figure(run_id, rl_training_plot(tracker.metric_histories(run_id, names), before, after),
+                       "reports/rl_training.png")
     tracker.log_figure(run_id, before_after_plot(before, after, "RL: held-out pass@1 and greedy accuracy"),
                        "reports/rl_before_after.png")
 

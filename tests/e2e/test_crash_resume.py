@@ -1,6 +1,6 @@
 """End to end: `stagewise run` killed with SIGKILL mid-stage, rerun with `--resume`, ends with
-weights `torch.equal` to an uninterrupted run's (CPU, same seed), once in pretraining and once
-in an SFT sub-stage.
+weights `torch.equal` to an uninterrupted run's (CPU, same seed), once in pretraining, once
+in an SFT sub-stage and once in RL (whose pending one-step off-policy batch is part of the checkpoint).
 
 Kept cheap: one workdir for the module (a small world, prepared once), 12 short pretraining
 steps in two phases (checkpoints every 4 steps) and a 12-step SFT stage 1 on a small
@@ -46,6 +46,12 @@ SFT = [
     "stages.sft.stages[1].tokens=8192", "stages.sft.stages[1].schedule.warmup_tokens=4096",
     "stages.sft.data.world.per_domain=150", "stages.sft.data.world.long_context=6",
     "stages.sft.data.heldout_limit=4", "stages.sft.eval_suite=null",
+]
+
+RL = [  # 12 GRPO steps of 4 prompts x 4 rollouts, one-step off-policy, checkpoints every 3 steps
+    "stages.rl.data.world.per_domain=40", "stages.rl.steps=12", "stages.rl.checkpoint_every_steps=3",
+    "stages.rl.prompts_per_step=4", "stages.rl.rollout.group_size=4", "stages.rl.rollout.max_new_tokens=8",
+    "stages.rl.filter.samples=4", "stages.rl.data.heldout_limit=8", "stages.rl.data.heldout_samples=2",
 ]
 
 
@@ -154,3 +160,11 @@ def test_sigkill_mid_sft_then_resume_is_bit_identical(workdir):
     # pretraining is finished and reused (same settings); the kill lands in SFT stage 1, and
     # stage 2 (whose step hash names stage 1's weights) must come out the same too
     assert 3 <= kill_and_resume(workdir, "pretrain,sft", PRETRAIN + SFT, "sft", "sft-stage1") < 12
+
+
+@pytest.mark.slow
+def test_sigkill_mid_rl_then_resume_is_bit_identical(workdir):
+    # the reference: pretraining and SFT reused, RL trained once uninterrupted; the killed run's
+    # resume must train the very rollout batches (sampled one step behind) the reference trained
+    run(command(workdir, "pretrain,sft,rl", PRETRAIN + SFT + RL))
+    assert 3 <= kill_and_resume(workdir, "pretrain,sft,rl", PRETRAIN + SFT + RL, "rl", "rl") < 12

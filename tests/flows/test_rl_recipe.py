@@ -1,0 +1,46 @@
+"""The `stages.rl` block: the shipped recipe validates, and a broken block names its field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.recipe import RecipeError, load_recipe
+from flows.registry import registered
+from flows.rl import select
+
+TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
+
+
+def problems(*overrides: str) -> str:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(TINY, list(overrides))
+    return str(info.value)
+
+
+def test_the_shipped_rl_block_validates_and_selects():
+    recipe = load_recipe(TINY).recipe
+    block = select(recipe)
+    assert block is not None and block.stage.steps > 0
+    assert block.stage.grpo.temperature == block.stage.rollout.temperature
+    assert registered("rl").start == "handed_on"
+
+
+def test_an_unknown_environment_is_named_with_the_known_ones():
+    text = problems("stages.rl.data.sources[0].environment=exact_anwser")
+    assert "stages.rl.data.sources[0].environment" in text and "exact_answer" in text
+
+
+def test_world_paths_need_the_world_and_a_file_it_writes():
+    assert "rl_eval.jsonl is the held-out set" in problems("stages.rl.data.sources[0].path=\"@world/rl_eval.jsonl\"")
+    assert "writes no 'rl_arith.jsonl'" in problems("stages.rl.data.sources[0].path=\"@world/rl_arith.jsonl\"")
+    assert "need a `world` block" in problems("stages.rl.data.world=null")
+
+
+def test_a_second_temperature_is_refused():
+    assert "grpo.temperature must equal rollout.temperature" in problems("stages.rl.grpo.temperature=0.5")
+
+
+def test_a_domain_share_must_be_positive():
+    assert "stages.rl.domains.arithmetic" in problems("stages.rl.domains={arithmetic: 0, format: 1}")
