@@ -12,7 +12,10 @@ numerics (a cached, left-padded decode against a full forward; vLLM's kernels ag
 trainer's) and, with one-step off-policy rollouts, by one optimizer step.
 
 Backends: `HFGenerator` (model/rollout/hf.py), in process, deterministic for a given seed (its
-own torch.Generator, so a background thread's sampling never touches the global RNG); and
+own torch.Generator, so a background thread's sampling never touches the global RNG);
+`ProcessGenerator` (model/rollout/process.py), the same HFGenerator in a worker process, so
+one-step off-policy sampling overlaps training on a CPU instead of sharing the GIL (results
+identical to HFGenerator's for the same weights, seed and thread count); and
 `VLLMGenerator` (model/rollout/vllm.py, optional extra, lazily imported), a `trl vllm-serve`
 server reached through TRL's VLLMClient, for GPUs.
 """
@@ -52,16 +55,21 @@ class Generator(Protocol):
 
 
 def make_generator(backend: str, policy: torch.nn.Module, end_ids: list[int], pad_id: int, **options) -> Generator:
-    """The named backend: "hf" (in process) or "vllm" (a running `trl vllm-serve`; optional extra)."""
+    """The named backend: "hf" (in process), "hf-process" (HF in a worker process; options `threads`,
+    `batch_rows`) or "vllm" (a running `trl vllm-serve`; optional extra)."""
     if backend == "hf":
         from model.rollout.hf import HFGenerator
 
         return HFGenerator(policy, end_ids, pad_id, **options)
+    if backend == "hf-process":
+        from model.rollout.process import ProcessGenerator
+
+        return ProcessGenerator(policy, end_ids, pad_id, **options)
     if backend == "vllm":
         from model.rollout.vllm import VLLMGenerator
 
         return VLLMGenerator(policy, end_ids, pad_id, **options)
-    raise ValueError(f"unknown rollout backend {backend!r}: use hf or vllm")
+    raise ValueError(f"unknown rollout backend {backend!r}: use hf, hf-process or vllm")
 
 
 __all__ = ["Generator", "Rollout", "make_generator"]
