@@ -2,7 +2,7 @@
 
     python benchmarks/rl_throughput.py [--checkpoint DIR] [--rows DIR] [--steps 20] [--threads 1] [--json]
 
-Both modes run in this one process, one after the other, from the same checkpoint (loaded
+All three modes run in this one process, one after the other, from the same checkpoint (loaded
 afresh for each), with the same seed, prompts, group size and step count, built from the
 library pieces the RL stage uses: tasks/rl.py's RLWiring (chat-templated prompts, verifier
 rewards), data/rl_sampler.py's sampler, model/rl_batches.py's RolloutBatches (rollouts,
@@ -10,7 +10,10 @@ dynamic sampling, advantages), model/objectives/grpo.py's GRPOObjective and
 model/engine.py's Trainer.
 - synchronous: each step samples its rollouts from its own starting weights, then trains;
 - off-policy:  step s+1's rollouts are sampled in a background thread, from the weights
-               before step s trains, while step s trains (the batch is one update stale).
+               before step s trains, while step s trains (the batch is one update stale);
+- off-policy, process: the same, but the background thread hands the sampling to a worker
+               process (model/rollout/process.py, backend "hf-process", --worker-threads
+               torch threads) and waits on a pipe: the two no longer share one GIL.
 
 Measured per mode: the wall time of the loop, from the start of Trainer.fit() to the last
 step's logged metrics (so neither the checkpoint fit() writes at its end nor the rollout
@@ -18,17 +21,20 @@ of a step that will never train is counted); tokens/s = (response tokens generat
 response tokens trained) / that time; the mean accuracy reward (the verifier's 0/1) over
 the last 5 steps' rollouts; and, after training, held-out accuracy on rl_eval.jsonl rows of
 the trained domains: greedy (one temperature-0 answer) and pass@1 (the mean over
---heldout-samples sampled answers). The ratio column compares off-policy with synchronous.
+--heldout-samples sampled answers). The ratio column compares each mode with synchronous.
 
 The prompts are drawn uniformly within each domain (no difficulty profile or curriculum:
-both cost rollouts that are not the loop being measured), with the same seed in both modes,
-so both train on the same prompts at every step. Off-policy can only gain where sampling
-and training can run at the same time: on a GPU, or a CPU with free cores. On a 2-core CPU
-shared with other work, the two threads compete for the same cores; the table notes a
-load average above the core count. There use `--threads 1`: with more intra-op threads than
-free cores one mode can run 10x slower than the other for no reason of its own (measured:
-sync 29 s/step with 2 threads at load 6 against 2 s/step with 1 thread), and the ratio says
-nothing.
+both cost rollouts that are not the loop being measured), with the same seed in every mode,
+so all train on the same prompts at every step. Off-policy can only gain where sampling
+and training can run at the same time: on a GPU, or a CPU with free cores. In a thread on a
+CPU, `generate` and a tiny model's training step are mostly Python and take turns on the GIL
+(measured on 2 shared cores at load 3.7, --threads 1: 0.77x sync's tokens/s); the worker
+process removes that contention, not the one for cores (measured there: 1.08x sync, with the
+very same rollouts and updates as the thread). On a 2-core CPU shared with other work, all
+compete for the same cores; the table notes a load average above the core count. There use
+`--threads 1`: with more intra-op threads than free cores one mode can run 10x slower than
+the other for no reason of its own (measured: sync 29 s/step with 2 threads at load 6
+against 2 s/step with 1 thread), and the ratio says nothing.
 
 Defaults: the newest demo SFT checkpoint (runs/tiny/stages/sft-stage2-*/step-*; `stagewise
 demo` makes one) and the newest demo RL rows (runs/tiny/rl_world/*/); exit 2 when either is
@@ -52,7 +58,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-MODES = ("sync", "off-policy")
+MODES = ("sync", "off-policy", "off-policy-process")
+LABELS = {"sync": "sync", "off-policy": "off-policy", "off-policy-process": "off-policy, process"}
 LAST = 5  # steps whose train reward is averaged
 
 
@@ -121,20 +128,32 @@ def heldout(generator, setup: Setup, args) -> dict[str, float]:
 
 def run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path) -> dict:
     """One full RL loop (see the module docstring); returns its measurements."""
-    from data.rl_sampler import CurriculumSampler
     from model.build import load_model
+    from model.rollout import make_generator
+
+    policy = load_model(args.checkpoint, device=device)
+    if mode == "off-policy-process":
+        generator = make_generator("hf-process", policy, setup.end_ids, setup.pad_id, threads=args.worker_threads)
+    else:
+        generator = make_generator("hf", policy, setup.end_ids, setup.pad_id, device=device)
+    try:
+        return _run_mode(mode, setup, args, device, workdir, policy, generator)
+    finally:
+        if hasattr(generator, "close"):
+            generator.close()
+
+
+def _run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path, policy, generator) -> dict:
+    from data.rl_sampler import CurriculumSampler
     from model.config import OptimizerConfig, ScheduleConfig, TrainConfig
     from model.engine import Trainer
     from model.objectives.grpo import GRPOConfig, GRPOObjective
     from model.rl_batches import RolloutBatches, RolloutSettings
-    from model.rollout import make_generator
 
-    policy = load_model(args.checkpoint, device=device)
-    generator = make_generator("hf", policy, setup.end_ids, setup.pad_id, device=device)
     ratios = {d: 1.0 for d in sorted(setup.by_domain)}
     sampler = CurriculumSampler(setup.by_domain, ratios, args.prompts_per_step, args.steps, None, args.seed)
     settings = RolloutSettings(group_size=args.group_size, max_new_tokens=args.max_new_tokens,
-                               temperature=args.temperature, off_policy=mode == "off-policy")
+                               temperature=args.temperature, off_policy=mode != "sync")
     steps: list[dict[str, float]] = []
     batches = RolloutBatches(policy, generator, setup.wiring.prompts, sampler, setup.wiring.score, settings,
                              args.seed, setup.pad_id, on_step=lambda step, m: steps.append(dict(m)))
@@ -193,7 +212,7 @@ def run(args) -> dict:
         for mode in MODES:
             torch.manual_seed(args.seed)
             modes[mode] = run_mode(mode, setup, args, device, Path(tmp))
-    sync, off = modes["sync"], modes["off-policy"]
+    sync, off, proc = modes["sync"], modes["off-policy"], modes["off-policy-process"]
     return {
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "checkpoint": str(args.checkpoint), "rows": str(args.rows), "domains": list(args.domains),
@@ -203,6 +222,9 @@ def run(args) -> dict:
         "start": {"heldout": before}, "modes": modes,
         "ratio_tokens_per_s": off["tokens_per_s"] / sync["tokens_per_s"],
         "ratio_steps_per_s": sync["wall_s"] / off["wall_s"],
+        "ratio_tokens_per_s_process": proc["tokens_per_s"] / sync["tokens_per_s"],
+        "ratio_steps_per_s_process": sync["wall_s"] / proc["wall_s"],
+        "worker_threads": args.worker_threads,
         "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
     }
 
@@ -215,14 +237,14 @@ def print_table(r: dict) -> None:
                         f"<= {r['max_new_tokens']} new tokens, {r['device']}, {r['threads']} threads")
     for name in ("mode", "wall s", "s/step", "rollout s/step", "tok/s", "vs sync", f"train acc last {LAST}",
                  "held-out greedy", "held-out pass@1"):
-        table.add_column(name, justify="left" if name == "mode" else "right")
+        table.add_column(name, justify="left" if name == "mode" else "right", no_wrap=name == "mode")
     fmt = lambda h, k: f"{h[k]:.3f}" if k in h else "-"  # noqa: E731
     start = r["start"]["heldout"]
     table.add_row("start", "", "", "", "", "", "", fmt(start, "greedy"), fmt(start, "pass_at_1"))
-    for mode, label in (("sync", "sync"), ("off-policy", "off-policy")):
-        m = r["modes"][mode]
-        ratio = 1.0 if mode == "sync" else r["ratio_tokens_per_s"]
-        table.add_row(label, f"{m['wall_s']:.1f}", f"{m['step_s']:.2f}", f"{m['rollout_s_per_step']:.2f}",
+    ratios = {"sync": 1.0, "off-policy": r["ratio_tokens_per_s"], "off-policy-process": r["ratio_tokens_per_s_process"]}
+    for mode in MODES:
+        m, ratio = r["modes"][mode], ratios[mode]
+        table.add_row(LABELS[mode], f"{m['wall_s']:.1f}", f"{m['step_s']:.2f}", f"{m['rollout_s_per_step']:.2f}",
                       f"{m['tokens_per_s']:,.0f}", f"{ratio:.2f}x", f"{m['train_accuracy_last']:.3f}",
                       fmt(m["heldout"], "greedy"), fmt(m["heldout"], "pass_at_1"))
     console = Console()
@@ -231,6 +253,8 @@ def print_table(r: dict) -> None:
     console.print(table)
     console.print(f"off-policy / sync: tokens/s {r['ratio_tokens_per_s']:.2f}x, steps/s {r['ratio_steps_per_s']:.2f}x "
                   f"(held-out: {r['heldout_prompts']} prompts, pass@1 over {r['heldout_samples']} samples)")
+    console.print(f"off-policy, process / sync: tokens/s {r['ratio_tokens_per_s_process']:.2f}x, "
+                  f"steps/s {r['ratio_steps_per_s_process']:.2f}x (rollout worker: {r['worker_threads']} threads)")
     if r["device"] == "cpu" and r["load_avg_1m"] > r["cpu_count"]:
         console.print(f"[yellow]note: load average {r['load_avg_1m']:.1f} on {r['cpu_count']} CPUs: other processes "
                       "share these cores; timings are noisy and off-policy's overlap has no free core to use"
@@ -259,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--worker-threads", type=int, default=1,
+                   help="torch CPU threads of the rollout worker process (mode off-policy, process)")
     p.add_argument("--json", action="store_true", help="print the result as JSON only")
     args = p.parse_args(argv)
     args.domains = [d.strip() for d in args.domains.split(",") if d.strip()]

@@ -1,4 +1,4 @@
-"""The RL throughput benchmark runs both modes on a tiny random checkpoint and reports their ratio."""
+"""The RL throughput benchmark runs its three modes on a tiny random checkpoint and reports their ratios."""
 
 from __future__ import annotations
 
@@ -29,22 +29,27 @@ def rows(tmp_path_factory):
     return out
 
 
-def test_both_modes_run_the_same_steps_and_the_table_shows_their_ratio(tiny_checkpoint, rows, capsys, monkeypatch):
+def test_all_modes_run_the_same_steps_and_the_table_shows_their_ratios(tiny_checkpoint, rows, capsys, monkeypatch):
     bench = _bench()
     assert bench.main(["--checkpoint", str(tiny_checkpoint), "--rows", str(rows), *SMALL, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    sync, off = result["modes"]["sync"], result["modes"]["off-policy"]
-    for m in (sync, off):
+    sync, off, proc = (result["modes"][m] for m in ("sync", "off-policy", "off-policy-process"))
+    for m in (sync, off, proc):
         assert m["steps"] == 2 and m["wall_s"] > 0 and m["generated_tokens"] > 0 and m["trained_tokens"] > 0
         assert m["tokens_per_s"] == pytest.approx((m["generated_tokens"] + m["trained_tokens"]) / m["wall_s"])
         assert 0 <= m["train_accuracy_last"] <= 1 and set(m["heldout"]) == {"greedy", "pass_at_1"}
     assert result["ratio_tokens_per_s"] == pytest.approx(off["tokens_per_s"] / sync["tokens_per_s"])
+    assert result["ratio_tokens_per_s_process"] == pytest.approx(proc["tokens_per_s"] / sync["tokens_per_s"])
+    # the worker samples with the in-process generator's numerics (both 1 thread): the same rollouts
+    # (the same 2 steps and held-out answers: the first batch comes from the same starting weights)
+    assert proc["heldout"] == off["heldout"] and proc["generated_tokens"] == off["generated_tokens"]
     assert 0 < result["heldout_prompts"] <= 4 and set(result["start"]["heldout"]) == {"greedy", "pass_at_1"}
 
     bench.print_table(result)
     table = capsys.readouterr().out
-    assert all(row in table for row in ("│ start ", "│ sync ", "│ off-policy "))
+    assert all(row in table for row in ("│ start ", "│ sync ", "│ off-policy ", "│ off-policy, process "))
     assert f"off-policy / sync: tokens/s {result['ratio_tokens_per_s']:.2f}x" in table
+    assert f"off-policy, process / sync: tokens/s {result['ratio_tokens_per_s_process']:.2f}x" in table
 
 
 def test_missing_inputs_exit_2_saying_what_to_do(tiny_checkpoint, rows, tmp_path, capsys, monkeypatch):
