@@ -113,13 +113,20 @@ def largest_remainder(total: int, weights: Sequence[float]) -> list[int]:
 
 def bin_counts(n: int, shares: Sequence[float], holds: Sequence[int]) -> list[int]:
     """How many prompts each bin gives: largest-remainder counts of `shares`, capped by `holds`,
-    the shortfall one at a time to the bin with the most prompts left (ties: larger share, then
-    lower bin). Needs n <= sum(holds)."""
+    the shortfall one at a time to the bin nearest the curriculum's mean that still has prompts
+    left, i.e. the largest share (ties: the most prompts left, then lower bin). Needs n <= sum(holds).
+
+    Why nearest and not fullest: early in a stage μ sits where few prompts are (a fine-tuned
+    model solves few prompts 7/8 of the time), and the fullest bin is usually the 0/k one,
+    whose groups carry no reward variance; on the demo the fullest-bin rule filled most of each
+    early batch from it and learned less than uniform sampling (+0.05 against +0.09 held-out
+    arithmetic pass@1 in 60 steps). The nearest rule keeps the batch as close to μ as the data allows."""
     if n > sum(holds):
         raise ValueError(f"cannot pick {n} prompts from bins holding {sum(holds)}")
     counts = [min(c, h) for c, h in zip(largest_remainder(n, shares), holds)]
     for _ in range(n - sum(counts)):
-        b = max(range(len(holds)), key=lambda i: (holds[i] - counts[i], shares[i], -i))
+        b = max((i for i in range(len(holds)) if holds[i] > counts[i]),
+                key=lambda i: (shares[i], holds[i] - counts[i], -i))
         counts[b] += 1
     return counts
 

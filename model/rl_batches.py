@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from model.objectives.grpo import RolloutBatch, leave_one_out, token_logprobs
+from model.objectives.grpo import RolloutBatch, leave_one_out
 from model.rollout import Generator, Rollout
 
 
@@ -189,12 +189,8 @@ class RolloutBatches:
         if empty:  # no draw had any signal: the step trains on the last draw with zero advantages
             kept = groups[-len(chosen):]
         batch = self._tensors(kept)
-        if with_old and len(batch["input_ids"]):
-            model = getattr(self.generator, "model", None)
-            if model is not None:  # trainer-style log-probs under the weights that sampled (off-policy)
-                with torch.no_grad():
-                    old, _ = token_logprobs(model, batch["input_ids"], s.temperature)
-                batch["old_logprobs"] = old * batch["response_mask"]
+        if with_old and len(batch["input_ids"]):  # trainer-style log-probs under the weights that sampled
+            batch["old_logprobs"] = self.generator.token_logprobs(batch["input_ids"], s.temperature) * batch["response_mask"]
         batch.metrics = self._metrics(groups, [] if empty else kept, rollout_s)
         batch.metrics["rl/empty_step"] = float(empty)
         return batch

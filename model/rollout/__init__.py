@@ -53,6 +53,11 @@ class Generator(Protocol):
         """`n` samples per prompt (temperature 0: greedy, n must be 1); deterministic for `seed`."""
         ...
 
+    def token_logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        """Trainer-style log π(target) [n, L-1] (one full forward, no cache) under the weights it
+        samples with: one-step off-policy batches carry these as `old_logprobs`."""
+        ...
+
 
 def make_generator(backend: str, policy: torch.nn.Module, end_ids: list[int], pad_id: int, **options) -> Generator:
     """The named backend: "hf" (in process), "hf-process" (HF in a worker process; options `threads`,

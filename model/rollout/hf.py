@@ -50,6 +50,12 @@ class HFGenerator:
         self.model.load_state_dict(state_dict, strict=True)
 
     @torch.no_grad()
+    def token_logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        from model.objectives.grpo import token_logprobs
+
+        return token_logprobs(self.model, input_ids.to(self.device), temperature)[0].cpu()
+
+    @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float,
                  seed: int) -> list[list[Rollout]]:
         if temperature <= 0 and n != 1:

@@ -134,6 +134,15 @@ class VLLMGenerator:
         if self.model is not None:
             self.model.load_state_dict(state_dict, strict=True)
 
+    @torch.no_grad()
+    def token_logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        """The trainer-style log-probs under the synced weights, from the local copy (keep_copy)."""
+        if self.model is None:
+            raise RuntimeError("one-step off-policy rollouts need keep_copy=True (the weights that sampled)")
+        from model.objectives.grpo import token_logprobs
+
+        return token_logprobs(self.model, input_ids.to(self.device), temperature)[0].cpu()
+
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float,
                  seed: int) -> list[list[Rollout]]:
         if temperature <= 0 and n != 1:

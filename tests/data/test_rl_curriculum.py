@@ -58,12 +58,14 @@ def test_largest_remainder_by_hand():
     assert largest_remainder(3, [0, 2, 1]) == [0, 2, 1]
 
 
-def test_bin_counts_cap_and_give_the_shortfall_to_the_fullest_bins():
+def test_bin_counts_cap_and_give_the_shortfall_to_the_bins_nearest_the_mean():
     # mu = 0.875: shares ~ [0, 0, 0, .0019, .0219, .1245, .3526, .4990]; n = 8 -> 3.99 2.82 .996 -> [.., 1, 3, 4]
     shares = bin_shares(0.875, 0.15, 8)
     assert bin_counts(8, shares, [99] * 8) == [0, 0, 0, 0, 0, 1, 3, 4]
-    # bin 7 holds 2: shortfall 2, bin 0 has the most left (10), then still the most (9)
-    assert bin_counts(8, shares, [10, 0, 0, 0, 0, 5, 5, 2]) == [2, 0, 0, 0, 0, 1, 3, 2]
+    # bin 7 holds 2: shortfall 2, both to bin 6 (the next largest share, 2 left), not to the full bin 0
+    assert bin_counts(8, shares, [10, 0, 0, 0, 0, 5, 5, 2]) == [0, 0, 0, 0, 0, 1, 5, 2]
+    # bin 6 runs out too: then bin 5, and bin 0 only when nothing nearer is left
+    assert bin_counts(8, shares, [10, 0, 0, 0, 0, 1, 1, 2]) == [4, 0, 0, 0, 0, 1, 1, 2]
     with pytest.raises(ValueError):
         bin_counts(5, shares, [1, 1, 1, 0, 0, 0, 0, 0])
 
@@ -80,7 +82,7 @@ def bin_of(pid: str) -> int:
 def test_sample_batch_by_hand_at_the_first_step():
     prompts = {"x": pool("x", {0: 10, 5: 5, 6: 5, 7: 2})}
     batch = sample_batch(prompts, {"x": 1.0}, 8, step=0, total_steps=10, cfg=CFG, rng=random.Random(0))
-    assert Counter(bin_of(p) for p in batch) == {0: 2, 5: 1, 6: 3, 7: 2}
+    assert Counter(bin_of(p) for p in batch) == {5: 1, 6: 5, 7: 2}  # the shortfall stays near mu = 0.875
     assert len(set(batch)) == 8
 
 
