@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 import multiprocessing as mp
 import pickle
+import signal
 import threading
 import traceback
 import weakref
@@ -83,6 +84,8 @@ def _error_reply(exc: BaseException) -> bytes:
 
 def _serve(conn: Connection, threads: int) -> None:
     """The worker's loop: one request in, one reply out, until "close" or the pipe closes."""
+    # Ctrl-C reaches the whole process group: the caller decides when its worker stops
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     try:
         from transformers.utils import logging as hf_logging
@@ -110,7 +113,10 @@ def _serve(conn: Connection, threads: int) -> None:
             reply = _dumps(("ok", result))
         except Exception as exc:  # noqa: BLE001 - reported to the caller, which raises it
             reply = _error_reply(exc)
-        conn.send_bytes(reply)
+        try:
+            conn.send_bytes(reply)
+        except OSError:  # the caller went away mid-request
+            return
 
 
 def _stop(process: mp.process.BaseProcess, conn: Connection) -> None:
