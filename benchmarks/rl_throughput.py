@@ -28,10 +28,12 @@ both cost rollouts that are not the loop being measured), with the same seed in 
 so all train on the same prompts at every step. Off-policy can only gain where sampling
 and training can run at the same time: on a GPU, or a CPU with free cores. In a thread on a
 CPU, `generate` and a tiny model's training step are mostly Python and take turns on the GIL
-(measured on 2 shared cores at load 3.7, --threads 1: 0.77x sync's tokens/s); the worker
-process removes that contention, not the one for cores (measured there: 1.08x sync, with the
-very same rollouts and updates as the thread). On a 2-core CPU shared with other work, all
-compete for the same cores; the table notes a load average above the core count. There use
+(measured on 2 shared cores at load 3.7-4.8, --threads 1, three runs: 0.76-0.79x sync's
+tokens/s); the worker process removes that contention, not the one for cores (same runs:
+0.78-1.08x sync, with the very same rollouts and updates as the thread). Both off-policy
+modes also do more work than sync: the extra full forward that gives `old_logprobs` (about
+40% of their rollout-side time here). On a 2-core CPU shared with other work, all compete
+for the same cores; the table notes a load average above the core count. There use
 `--threads 1`: with more intra-op threads than free cores one mode can run 10x slower than
 the other for no reason of its own (measured: sync 29 s/step with 2 threads at load 6
 against 2 s/step with 1 thread), and the ratio says nothing.
