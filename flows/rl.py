@@ -97,17 +97,10 @@ def rl_flow(ctx: StageContext, block: RLInputs, upstream: Upstream | None = None
 
 def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, heldout_rows, out_dir: Path, run_id: str,
            log) -> StageResult:
-    import torch
     from transformers import AutoTokenizer
 
     from data.chat import install_chat_template
-    from data.rl_curriculum import difficulty_filter
-    from data.rl_sampler import CurriculumSampler
     from model.build import load_model
-    from model.config import TrainConfig
-    from model.engine import Trainer
-    from model.objectives.grpo import GRPOObjective
-    from model.rl_batches import RolloutBatches
     from model.rollout import make_generator
 
     cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
@@ -119,8 +112,28 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
     wiring = RLWiring(tokenizer, train_rows + heldout_rows, cfg.rewards, cfg.reasoning)
     policy = load_model(start_from, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    options = {"device": device} if cfg.backend == "hf" else {"url": cfg.vllm_url}
+    options = {"hf": {"device": device}, "hf-process": {"threads": cfg.worker_threads},
+               "vllm": {"url": cfg.vllm_url}}[cfg.backend]
     generator = make_generator(cfg.backend, policy, end_ids(tokenizer), pad_id, **options)
+    try:
+        return _with_generator(ctx, block, start_from, train_rows, wiring, heldout_rows, policy, generator, pad_id,
+                               out_dir, run_id, log)
+    finally:
+        getattr(generator, "close", lambda: None)()  # a rollout worker process stops with the stage
+
+
+def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_rows, wiring, heldout_rows, policy,
+                    generator, pad_id: int, out_dir: Path, run_id: str, log) -> StageResult:
+    import torch
+
+    from data.rl_curriculum import difficulty_filter
+    from data.rl_sampler import CurriculumSampler
+    from model.config import TrainConfig
+    from model.engine import Trainer
+    from model.objectives.grpo import GRPOObjective
+    from model.rl_batches import RolloutBatches
+
+    cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
     ro = cfg.rollout
 
     # the difficulty profile and filter

@@ -34,6 +34,11 @@ class RLWorldConfig(_Config):
     """Share of prompts held out (by prompt hash) into rl_eval.jsonl: scored, never trained on."""
     entities: int | None = Field(None, gt=0)
     """Entity count for fact questions (default: the pretraining world's `facts`)."""
+    max_digits: int | None = Field(None, gt=0)
+    """Numbers in arithmetic and JSON-sum prompts have at most this many digits (1: mental
+    arithmetic, what a tiny model can sometimes get right; None: the SFT world's mix)."""
+    format_kinds: list[Literal["json_answer", "uppercase"]] | None = None
+    """Which format rows to write (None: both; uppercase includes recalled entity facts)."""
 
 
 class RLSource(_Config):
@@ -106,8 +111,12 @@ class RLStage(_Config):
     """Responses per forward/backward."""
     reasoning: bool = False
     """Render prompts with reasoning on (the model thinks first) or off (it answers directly)."""
-    backend: Literal["hf", "vllm"] = "hf"
-    """Rollout backend: hf (in process, CPU or GPU) or vllm (a `trl vllm-serve` server; GPU extra)."""
+    backend: Literal["hf", "hf-process", "vllm"] = "hf"
+    """Rollout backend: hf (transformers' generate in process, CPU or GPU), hf-process (the same in a
+    worker process, so off-policy sampling overlaps training without the GIL), or vllm (a vLLM
+    server started with TRL's weight-sync flags, model/rollout/vllm.py; GPU extra)."""
+    worker_threads: int = Field(1, ge=1)
+    """hf-process: torch threads of the rollout worker (the trainer keeps the rest)."""
     vllm_url: str = "http://127.0.0.1:8000"
     """Where the vLLM server listens (backend vllm)."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"

@@ -13,11 +13,11 @@ whose every draw lacks signal trains on its last draw with zero advantages (`rl/
 **One-step off-policy** (`off_policy: true`): when step s's batch is handed to the trainer,
 step s+1's rollouts start in a background thread from a copy of the weights *before* step s
 trains, so sampling overlaps training and the batch a step trains on is at most one update
-old. That batch carries `old_logprobs`, the trainer-style log-probabilities of its tokens
-under the weights that sampled it (computed by the same thread), so the objective's ratio
-ρ = π_θ/π_old measures exactly the one-step staleness (and is clipped), while the masked
-importance weight π_old/π_rollout measures only the sampler-vs-trainer numerics. In the
-synchronous mode a step's rollouts come from its own starting weights (ρ = 1).
+old. The staleness is corrected by the objective's masked importance weight π_θ/π_rollout
+(detached; tokens outside [0.5, 5] masked), or, with `recompute_old_logprobs`, by the ratio
+ρ = π_θ/π_old against trainer-style log-probabilities under the sampling weights (clipped),
+leaving the IS weight only the sampler-vs-trainer numerics. In the synchronous mode a step's
+rollouts come from its own starting weights.
 
 Everything a batch depends on is a function of (weights it was sampled with, step, seed):
 prompts come from `sampler.sample(step, attempt)`, tokens from a generator seeded per step.
@@ -83,6 +83,13 @@ class RolloutSettings(BaseModel):
     """Sampling temperature; the trainer's log-probabilities use the same one."""
     off_policy: bool = True
     """One-step off-policy rollouts (step s+1 sampled while step s trains); false: synchronous."""
+    recompute_old_logprobs: bool = False
+    """Off-policy only: recompute π_old with a trainer-style forward under the weights that
+    sampled. The ratio ρ = π_θ/π_old then carries the one-step staleness (and is clipped) and
+    the masked IS weight only the sampler-vs-trainer numerics. Off: no π_old, so ρ = 1 and the
+    IS weight π_θ/π_rollout (detached, masked outside its band) carries both. Worth the extra
+    forward when the sampler's numerics differ from the trainer's (vLLM); the HF backends'
+    log-probs match the trainer's to ~1e-4 and the forward costs ~40% of a rollout on a CPU."""
     scale_by_std: bool = False
     """Divide advantages by the group's reward std (Dr. GRPO leaves it off)."""
     min_groups: int = Field(1, ge=1)
@@ -189,7 +196,7 @@ class RolloutBatches:
         if empty:  # no draw had any signal: the step trains on the last draw with zero advantages
             kept = groups[-len(chosen):]
         batch = self._tensors(kept)
-        if with_old and len(batch["input_ids"]):  # trainer-style log-probs under the weights that sampled
+        if with_old and s.recompute_old_logprobs and len(batch["input_ids"]):  # under the weights that sampled
             batch["old_logprobs"] = self.generator.token_logprobs(batch["input_ids"], s.temperature) * batch["response_mask"]
         batch.metrics = self._metrics(groups, [] if empty else kept, rollout_s)
         batch.metrics["rl/empty_step"] = float(empty)

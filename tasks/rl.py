@@ -58,7 +58,8 @@ def rl_world_task(world, entities: int, seed: int, workdir: str) -> str:
     if (out / "rl_eval.jsonl").is_file():
         return cached(str(out), key, f"RL world: reused {out}")
     with building(out) as tmp:
-        generate_rl_world(tmp, seed, world.per_domain, world.eval_fraction, entities)
+        generate_rl_world(tmp, seed, world.per_domain, world.eval_fraction, entities, world.max_digits,
+                          tuple(world.format_kinds) if world.format_kinds else None)
     run_logger().info("RL world written to %s", out)
     return str(out)
 

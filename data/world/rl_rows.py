@@ -22,10 +22,11 @@ environment scores it 1.0 (the tests check every row).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from data.chat import unit_hash
-from data.rl_rows import RLRow, prompt_key, write_rows
+from data.rl_rows import RLRow, prompt_key, prompt_messages, write_rows
 from data.world._common import rng_for
 from data.world.conversations import MAKERS
 from data.world.facts import make_entities
@@ -70,22 +71,46 @@ def _row(conv: dict, domain: str, i: int) -> RLRow | None:
                                  "responses_create_params": params, "expected_answer": expected, **extra})
 
 
-def domain_rows(domain: str, n: int, seed: int, n_entities: int = 3000) -> list[RLRow]:
+def in_reach(row: RLRow, max_digits: int | None, kinds: tuple[str, ...] | None) -> bool:
+    """Whether a row belongs to the world asked for: every number in its prompt has at most
+    `max_digits` digits (for the arithmetic answers, exact and JSON: mental arithmetic), and
+    its verifier is one of `kinds` (None: any)."""
+    env = getattr(row, "environment", None)
+    if kinds is not None and env not in kinds:
+        return False
+    if max_digits is not None and env in ("exact_answer", "json_answer"):
+        text = " ".join(m["content"] for m in prompt_messages(row))
+        return all(len(n) <= max_digits for n in re.findall(r"\d+", text))
+    return True
+
+
+def domain_rows(domain: str, n: int, seed: int, n_entities: int = 3000, max_digits: int | None = None,
+                kinds: tuple[str, ...] | None = None) -> list[RLRow]:
     """`n` rows of one domain with distinct prompts where the domain has enough of them,
-    deterministic from the seed (stream `rl-<domain>`, not SFT's)."""
+    deterministic from the seed (stream `rl-<domain>`, not SFT's); with `max_digits` / `kinds`
+    only the rows `in_reach` (drawn until there are n)."""
     if domain not in RL_DOMAINS:
         raise ValueError(f"unknown RL domain {domain!r}; known: {', '.join(RL_DOMAINS)}")
     rng = rng_for(seed, f"rl-{domain}")
     entities = make_entities(n_entities, seed) if domain == "format" else []
+
+    def draw(i: int) -> RLRow | None:
+        row = _row(MAKERS[domain](rng, entities), domain, i)
+        return row if row is not None and in_reach(row, max_digits, kinds) else None
+
     rows, seen = [], set()
     for i in range(n):
         row = None
         for _ in range(100):  # a small domain may run out of new prompts: then repeats are allowed
-            row = _row(MAKERS[domain](rng, entities), domain, i)
+            row = draw(i)
             if row is not None and prompt_key(row) not in seen:
                 break
-        while row is None:  # only if 100 makes in a row had no verifier: keep drawing
-            row = _row(MAKERS[domain](rng, entities), domain, i)
+        for _ in range(10_000):  # only if 100 draws in a row were out of reach: keep drawing
+            if row is not None:
+                break
+            row = draw(i)
+        if row is None:
+            raise ValueError(f"the {domain} domain has no rows with max_digits={max_digits}, kinds={kinds}")
         seen.add(prompt_key(row))
         rows.append(row)
     return rows
@@ -97,14 +122,17 @@ def is_eval_row(row: RLRow, seed: int, fraction: float) -> bool:
 
 
 def generate_rl_world(out_dir: str | Path, seed: int, per_domain: int = 200, eval_fraction: float = 0.1,
-                      n_entities: int = 3000) -> dict[str, Path]:
+                      n_entities: int = 3000, max_digits: int | None = None,
+                      format_kinds: tuple[str, ...] | None = None) -> dict[str, Path]:
     """Write rl_<domain>.jsonl (train) for every RL domain and rl_eval.jsonl (held out, all
     domains); returns domain (and "eval") -> path. `n_entities` must match the world's `facts`
-    count for format questions to be about entities pretraining described."""
+    count for format questions to be about entities pretraining described; `max_digits` and
+    `format_kinds` narrow the arithmetic and format rows (see `in_reach`)."""
     out_dir = Path(out_dir)
     paths, held_out = {}, []
     for domain in RL_DOMAINS:
-        rows = domain_rows(domain, per_domain, seed, n_entities)
+        rows = domain_rows(domain, per_domain, seed, n_entities, max_digits,
+                           format_kinds if domain == "format" else None)
         held_out += [r for r in rows if is_eval_row(r, seed, eval_fraction)]
         train = [r for r in rows if not is_eval_row(r, seed, eval_fraction)]
         paths[domain] = write_rows(out_dir / f"rl_{domain}.jsonl", train)

@@ -21,6 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny.yaml"
 PRETRAIN_TOKENS = 163_840  # 40 steps: well below the unigram baseline, a base model worth fine-tuning
 PRETRAIN_SETS = [f"stages.pretrain.tokens={PRETRAIN_TOKENS}", "stages.pretrain.checkpoint_every_tokens=81920"]
+# SFT as the SFT and RL end-to-end tests run it (the RL test reuses the SFT test's finished stage):
+# stage 1 at the recipe's own budget, stage 2 two steps, smaller evaluations.
+SFT_STAGE2_TOKENS = 16_384
+SFT_SETS = [
+    f"stages.sft.stages[1].tokens={SFT_STAGE2_TOKENS}",
+    "stages.sft.data.heldout_limit=200", "stages.sft.eval_limit=30", "eval.chat=[world_chat_format]",
+]
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,7 @@ def cli():
     def run(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
         return stagewise(*args, timeout=timeout)
 
-    run.sets, run.summary, run.tiny = sets, summary_of, TINY
+    run.sets, run.summary, run.tiny, run.sft_sets, run.sft_stage2_tokens = sets, summary_of, TINY, SFT_SETS, SFT_STAGE2_TOKENS
     return run
 
 

@@ -20,17 +20,12 @@ import pytest
 # CPU): the tiny model needs thousands of examples before it reads the digits of a question,
 # and the held-out exact-match gain is the claim this test checks. Stage 2: 2 steps of
 # 2 x 4096. Evaluations: 200 held-out conversations and 30 items of world_chat_format, on the
-# base and after each sub-stage.
-STAGE2_TOKENS = 16_384
-SFT_SETS = [
-    f"stages.sft.stages[1].tokens={STAGE2_TOKENS}",
-    "stages.sft.data.heldout_limit=200", "stages.sft.eval_limit=30", "eval.chat=[world_chat_format]",
-]
+# base and after each sub-stage (tests/e2e/conftest.py SFT_SETS, shared with the RL test).
 
 
 @pytest.fixture(scope="module")
 def sft_run(tiny_pretrain, cli):
-    proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft", *cli.sets(*tiny_pretrain.sets, *SFT_SETS), "--json")
+    proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft", *cli.sets(*tiny_pretrain.sets, *cli.sft_sets), "--json")
     summary = cli.summary(proc)
     from mlflow import MlflowClient
 
@@ -50,7 +45,7 @@ def _history(client, run, name):
 
 
 @pytest.mark.slow
-def test_pipeline_reuses_pretrain_and_hands_its_checkpoint_to_sft(sft_run, tiny_pretrain):
+def test_pipeline_reuses_pretrain_and_hands_its_checkpoint_to_sft(sft_run, tiny_pretrain, cli):
     summary, client, runs = sft_run
     assert [s["stage"] for s in summary["stages"]] == ["pretrain", "sft"]
     assert summary["stages"][0]["checkpoint"] == str(tiny_pretrain.checkpoint)
@@ -59,7 +54,7 @@ def test_pipeline_reuses_pretrain_and_hands_its_checkpoint_to_sft(sft_run, tiny_
     sft = _run(runs, **{"stagewise.stage": "sft", "stagewise.substages": "stage1,stage2"})
     assert sft.data.tags["stagewise.start_checkpoint"] == str(tiny_pretrain.checkpoint)
     meta = json.loads((Path(summary["stages"][1]["checkpoint"]) / "stagewise.json").read_text())
-    assert meta["stage"] == "sft" and meta["tokens_seen"] == STAGE2_TOKENS
+    assert meta["stage"] == "sft" and meta["tokens_seen"] == cli.sft_stage2_tokens
 
 
 @pytest.mark.slow

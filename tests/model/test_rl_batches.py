@@ -84,7 +84,7 @@ def test_groups_without_reward_variance_are_dropped_and_counted(model_factory):
 def test_off_policy_batches_are_sampled_one_step_behind(model_factory, tmp_path):
     model = model_factory(pattern="M*-")
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    batches = make_batches(model, off_policy=True)
+    batches = make_batches(model, off_policy=True, recompute_old_logprobs=True)
     trainer = Trainer(model, _cfg(2), batches, GRPOObjective(GRPOConfig()), tmp_path, "rl", None, "h", progress=False)
     trainer.fit(until_tokens=_cfg(2).tokens_per_step)  # step 1 trains; step 2's rollouts were sampled before it
     batches.close()
@@ -99,6 +99,11 @@ def test_off_policy_batches_are_sampled_one_step_behind(model_factory, tmp_path)
     assert not torch.allclose(pending["old_logprobs"][mask], now[mask], atol=1e-6)
 
 
+def test_without_recompute_the_batch_leaves_the_staleness_to_the_is_weight(model_factory):
+    batch = make_batches(model_factory(pattern="M*-"), off_policy=True).next_batch()
+    assert "old_logprobs" not in batch  # the objective's IS weight is then pi_theta / pi_rollout
+
+
 def test_batch_encoding_is_exact(model_factory):
     batch = make_batches(model_factory(pattern="M*-"), off_policy=True).next_batch()
     again = decode_batch(encode_batch(batch))
@@ -106,13 +111,13 @@ def test_batch_encoding_is_exact(model_factory):
     assert again.metrics == batch.metrics
 
 
-@pytest.mark.parametrize("off_policy", [True, False])
-def test_resume_gives_the_same_weights(model_factory, tmp_path, off_policy):
+@pytest.mark.parametrize("off_policy,recompute", [(True, False), (True, True), (False, False)])
+def test_resume_gives_the_same_weights(model_factory, tmp_path, off_policy, recompute):
     cfg = _cfg(4, every=2)
 
     def run(out, stop_after: int | None):
         model = model_factory(pattern="M*-")
-        batches = make_batches(model, off_policy=off_policy)
+        batches = make_batches(model, off_policy=off_policy, recompute_old_logprobs=recompute)
         trainer = Trainer(model, cfg, batches, GRPOObjective(GRPOConfig()), out, "rl", None, "h", progress=False)
         trainer.fit(until_tokens=None if stop_after is None else stop_after * cfg.tokens_per_step)
         batches.close()
@@ -121,7 +126,7 @@ def test_resume_gives_the_same_weights(model_factory, tmp_path, off_policy):
     whole, _ = run(tmp_path / "a", None)
     _, first = run(tmp_path / "b", 2)
     model = model_factory(pattern="M*-")
-    batches = make_batches(model, off_policy=off_policy)
+    batches = make_batches(model, off_policy=off_policy, recompute_old_logprobs=recompute)
     resumed = Trainer(model, cfg, batches, GRPOObjective(GRPOConfig()), tmp_path / "b", "rl", None, "h", progress=False)
     resumed.resume(first.last_checkpoint)
     resumed.fit()

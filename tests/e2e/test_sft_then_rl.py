@@ -1,0 +1,87 @@
+"""End to end: sft -> rl in one `stagewise run recipes/tiny.yaml --stages pretrain,sft,rl` on CPU.
+
+Pretraining and SFT are the session's (tests/e2e/conftest.py; the SFT test trained them, this
+run finds both finished and trains nothing there), so the run is the recipe's RL block as the
+demo runs it: the demo world's task rows, the difficulty profile, the curriculum, one-step
+off-policy GRPO, held-out pass@1 before and after. Checks what a user relies on: SFT's
+checkpoint is handed to RL, MLflow holds the per-step RL metrics and the reports, the `rl`
+alias is registered, the closing table has its row, and held-out pass@1 rises.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def rl_run(tiny_pretrain, cli):
+    proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft,rl", *cli.sets(*tiny_pretrain.sets, *cli.sft_sets),
+               "--json")
+    summary = cli.summary(proc)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=summary["tracking_uri"], registry_uri=summary["tracking_uri"])
+    runs = client.search_runs([client.get_experiment_by_name(summary["experiment"]).experiment_id])
+    rl = [r for r in runs if r.data.tags.get("stagewise.stage") == "rl"]
+    assert len(rl) == 1, [r.info.run_name for r in runs]
+    return summary, client, rl[0]
+
+
+def _history(client, run, name):
+    return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step)]
+
+
+@pytest.mark.slow
+def test_sft_hands_its_checkpoint_to_rl(rl_run):
+    summary, client, rl = rl_run
+    assert [s["stage"] for s in summary["stages"]] == ["pretrain", "sft", "rl"]
+    sft, result = summary["stages"][1], summary["stages"][2]
+    assert rl.data.tags["stagewise.start_checkpoint"] == sft["checkpoint"]
+    meta = json.loads((Path(result["checkpoint"]) / "stagewise.json").read_text())
+    steps = rl.data.params.get("stages.rl.steps") or "60"
+    assert meta["stage"] == "rl" and meta["step"] == int(steps) and meta["parent"]
+    version = client.get_model_version_by_alias(summary["experiment"], "rl")
+    assert Path(version.tags["stagewise.checkpoint"]) == Path(result["checkpoint"]).resolve()
+
+
+@pytest.mark.slow
+def test_mlflow_holds_the_rl_metrics_and_reports(rl_run):
+    summary, client, rl = rl_run
+    steps = json.loads((Path(summary["stages"][2]["checkpoint"]) / "stagewise.json").read_text())["step"]
+    for name in ("rl/reward/accuracy", "rl/reward/format", "rl/reward/total", "rl/kept_groups", "rl/groups",
+                 "rl/response_length", "rl/is_masked_fraction", "rl/clip_fraction", "rl/entropy",
+                 "rl/rollout_tokens_per_s", "train/tokens_per_s"):
+        assert [s for s, _ in _history(client, rl, name)] == list(range(1, steps + 1)), name
+    kept = [v for _, v in _history(client, rl, "rl/kept_groups")]
+    groups = [v for _, v in _history(client, rl, "rl/groups")]
+    assert all(0 <= k <= g for k, g in zip(kept, groups)) and sum(kept) > 0
+    # one step behind: the ratio to the sampling weights moves, and some tokens are clipped
+    assert max(v for _, v in _history(client, rl, "rl/clip_fraction")) > 0
+    m = rl.data.metrics
+    assert m["rl/filter/kept"] > 0 and "rl/filter/unsolved_kept" in m
+    for domain in ("arithmetic", "format", "all"):
+        for kind in ("pass_at_1", "greedy"):
+            points = _history(client, rl, f"rl/heldout/{kind}/{domain}")
+            assert [s for s, _ in points] == [0, steps], (kind, domain, points)
+    artifacts = {a.path for d in ("rl", "reports") for a in client.list_artifacts(rl.info.run_id, d)}
+    assert {"rl/profile.json", "rl/profile_pass_rates.png", "reports/rl_training.png",
+            "reports/rl_before_after.json", "reports/rl_before_after.png"} <= artifacts
+
+
+@pytest.mark.slow
+def test_rl_raises_held_out_pass_at_1(rl_run):
+    """Held-out pass@1 (8 samples per prompt at the rollout temperature) and greedy accuracy per
+    domain, SFT's checkpoint against RL's; the closing table's row says the same."""
+    summary, _, _ = rl_run
+    result = summary["stages"][2]
+    m = result["metrics"]
+    print("held-out " + ", ".join(
+        f"{kind}/{d} {m[f'base/rl/heldout/{kind}/{d}']:.3f} -> {m[f'rl/heldout/{kind}/{d}']:.3f}"
+        for kind in ("pass_at_1", "greedy") for d in ("arithmetic", "format", "all")))
+    assert m["rl/heldout/pass_at_1/all_delta"] > 0, m
+    assert m["rl/heldout/pass_at_1/arithmetic_delta"] > 0, m
+    row = summary["stages"][2]  # the closing table's row, with the stage's result
+    assert row["metric"] == "rl/heldout/pass_at_1/all" and row["after"] > row["before"] and row["tokens"] > 0
