@@ -63,9 +63,13 @@ def select(recipe: Recipe) -> RLInputs | None:
                     world_entities=world.facts if world else WORLD_ENTITIES)
 
 
+RL_VERSION = 2
+"""Bump when what a completion is scored on changes (decoding, verifiers): finished RL steps then retrain."""
+
+
 def rl_spec(block: RLInputs, seed: int) -> dict:
     """What determines the stage's outcome besides its inputs' hashes (rows, start checkpoint)."""
-    return {"stage": block.stage, "seed": seed}
+    return {"stage": block.stage, "seed": seed, "version": RL_VERSION}
 
 
 @flow(name="rl")

@@ -93,6 +93,7 @@ class RLWiring:
         from model.rl_batches import Prompt
 
         self.tokenizer, self.rewards = tokenizer, rewards
+        self.end = set(end_ids(tokenizer)) | ({tokenizer.pad_token_id} if tokenizer.pad_token_id is not None else set())
         self.rows = {r.id: r for r in rows}
         self.prompts = {}
         for r in rows:
@@ -101,7 +102,13 @@ class RLWiring:
             self.prompts[r.id] = Prompt(r.id, r.domain, tuple(tokenizer(text, add_special_tokens=False).input_ids))
 
     def text(self, response_ids: list[int]) -> str:
-        return self.tokenizer.decode(response_ids, skip_special_tokens=True).strip()
+        """The completion a verifier reads: the response without its end token, with the reasoning
+        and tool-call markers kept (they are special tokens: skipping them would glue a trace to
+        its answer and hide every tool call)."""
+        ids = list(response_ids)
+        while ids and ids[-1] in self.end:
+            ids.pop()
+        return self.tokenizer.decode(ids, skip_special_tokens=False).strip()
 
     def score(self, prompt, group) -> dict[str, list[float]]:
         from eval.environments import get_environment
