@@ -87,3 +87,21 @@ def test_unknown_domain_and_environment():
     row.environment = "maths"
     with pytest.raises(ValueError, match="no reference completion for environment 'maths'"):
         reference_completion(row)
+
+
+def test_max_digits_and_format_kinds_keep_rows_within_reach(tmp_path):
+    import re
+
+    from data.rl_rows import prompt_messages, read_rows
+    from data.world.rl_rows import generate_rl_world
+
+    paths = generate_rl_world(tmp_path, seed=3, per_domain=40, eval_fraction=0.2, n_entities=50, max_digits=1,
+                              format_kinds=("json_answer",))
+    for domain in ("arithmetic", "format"):
+        rows = read_rows(paths[domain])
+        assert len(rows) >= 25
+        for row in rows:
+            numbers = re.findall(r"\d+", " ".join(m["content"] for m in prompt_messages(row)))
+            assert numbers and max(len(n) for n in numbers) == 1, row
+    assert {r.environment for r in read_rows(paths["format"])} == {"json_answer"}
+    assert len(read_rows(paths["sorting"])) >= 25  # other domains are untouched

@@ -1,0 +1,68 @@
+"""The RL stage's wiring (tasks/rl.py): rows to prompts, completions to rewards, per-domain means."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from data.errors import BadInput
+from eval.rewards import RewardConfig
+from model.rollout import Rollout
+from tasks.rl import RLWiring, by_domain, load_tasks
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    from data.chat import install_chat_template
+
+    return install_chat_template(AutoTokenizer.from_pretrained(tiny_checkpoint))
+
+
+def _rows(tmp_path, rows: list[dict]):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+ROW = {"responses_create_params": {"input": "Compute 2 + 3."}, "expected_answer": 5, "environment": "exact_answer"}
+
+
+def test_rows_get_their_domain_and_environment(tmp_path):
+    path = _rows(tmp_path, [ROW, {**ROW, "domain": "sums", "id": 7}])
+    a, b = load_tasks(path, "arith", None, None)
+    assert (a.id, a.domain, a.environment) == ("arith:1", "arith", "exact_answer")
+    assert (b.id, b.domain) == ("arith:7", "sums")
+    forced = load_tasks(path, "arith", "maths", "json_answer")
+    assert {t.domain for t in forced} == {"maths"} and {t.environment for t in forced} == {"json_answer"}
+
+
+def test_a_row_without_environment_is_refused_by_line(tmp_path):
+    path = _rows(tmp_path, [ROW, {k: v for k, v in ROW.items() if k != "environment"}])
+    with pytest.raises(BadInput, match="row 2: no environment"):
+        load_tasks(path, "arith", None, None)
+    with pytest.raises(BadInput, match="exact_answer"):  # an unknown one lists the known ones
+        load_tasks(path, "arith", None, "exact")
+
+
+def test_completions_keep_reasoning_and_tool_markers(tmp_path, tokenizer):
+    tasks = load_tasks(_rows(tmp_path, [ROW]), "arith", None, None)
+    wiring = RLWiring(tokenizer, tasks, RewardConfig(), reasoning=False)
+    prompt = wiring.prompts["arith:1"]
+    assert tokenizer.decode(list(prompt.ids)).endswith("<|im_start|>assistant\n")
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+    traced = encode("<think>\n2 + 3 = 5.\n</think>\n5") + [end]
+    assert wiring.text(traced) == "<think>\n2 + 3 = 5.\n</think>\n5"  # the end token goes, the markers stay
+    group = [Rollout(list(prompt.ids), traced, finished=True), Rollout(list(prompt.ids), encode("6") + [end]),
+             Rollout(list(prompt.ids), encode("5"))]
+    assert wiring.score(prompt, group)["accuracy"] == [1.0, 0.0, 1.0]
+
+
+def test_by_domain_weighs_every_prompt_the_same(tmp_path, tokenizer):
+    tasks = load_tasks(_rows(tmp_path, [ROW, {**ROW, "domain": "b"}, {**ROW, "domain": "b"}]), "a", None, None)
+    wiring = RLWiring(tokenizer, tasks, RewardConfig(), reasoning=False)
+    means = by_domain({"a:1": [1.0, 0.0], "a:2": [1.0], "a:3": [0.0, 0.0, 0.0, 0.0]}, wiring)
+    assert means == {"a": 0.5, "b": 0.5, "all": 0.5}
