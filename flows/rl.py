@@ -135,7 +135,7 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     from model.config import TrainConfig
     from model.engine import Trainer
     from model.objectives.grpo import GRPOObjective
-    from model.rl_batches import RolloutBatches
+    from model.rl_batches import RolloutBatches, pass_rates, seed_for
 
     cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
     ro = cfg.rollout
@@ -166,7 +166,20 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
         by_domain.setdefault(wiring.prompts[i].domain, []).append((i, rates[i]))
     ratios = cfg.domains or {d: 1.0 for d in sorted(by_domain)}
     sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps, cfg.curriculum, ctx.seed)
-    batches = RolloutBatches(policy, generator, wiring.prompts, sampler, wiring.score, ro, ctx.seed, pad_id)
+
+    def reprofile(step: int) -> None:
+        generator.sync_weights(policy.state_dict())
+        ids = [i for rows in sampler.prompts.values() for i, _ in rows]
+        results = pass_rates(generator, [wiring.prompts[i] for i in ids], wiring.score,
+                             cfg.filter.samples if cfg.filter else 8, ro.max_new_tokens, ro.temperature,
+                             seed_for(ctx.seed, "reprofile", step))
+        fresh = {i: sum(v) / len(v) for i, v in results.items()}
+        sampler.update(fresh)
+        log.info("rl: step %d: the training reward stalled; re-profiled %d prompts (mean pass rate %.3f)", step,
+                 len(fresh), sum(fresh.values()) / max(len(fresh), 1))
+
+    batches = RolloutBatches(policy, generator, wiring.prompts, sampler, wiring.score, ro, ctx.seed, pad_id,
+                             reprofile=reprofile if cfg.reprofile else None, plateau=cfg.reprofile)
     seq_length = max(len(p.ids) for p in wiring.prompts.values()) + ro.max_new_tokens
     rows_per_step = cfg.prompts_per_step * ro.group_size
     train_cfg = TrainConfig(

@@ -18,7 +18,7 @@ from data.rl_curriculum import CurriculumConfig
 from eval.rewards import RewardConfig
 from model.config import MonitorConfig, OptimizerConfig, ScheduleConfig
 from model.objectives.grpo import GRPOConfig
-from model.rl_batches import RolloutSettings
+from model.rl_batches import PlateauRule, RolloutSettings
 
 
 class _Config(BaseModel):
@@ -99,6 +99,9 @@ class RLStage(_Config):
     """The difficulty profile (None: no profile, every prompt kept at pass rate 0.5)."""
     curriculum: CurriculumConfig | None = Field(default_factory=CurriculumConfig)
     """Gaussian curriculum over pass rates, easy to hard (None: uniform within each domain)."""
+    reprofile: PlateauRule | None = None
+    """Re-profile the training prompts with the current policy when the training reward stalls,
+    so the curriculum weighs what is hard now (None: the starting profile throughout)."""
     rewards: RewardConfig = Field(default_factory=RewardConfig)
     """Reward components and their weights."""
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)

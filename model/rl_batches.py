@@ -24,6 +24,10 @@ prompts come from `sampler.sample(step, attempt)`, tokens from a generator seede
 The pending off-policy batch is part of `state_dict()` (tensors as base64 safetensors), so a
 resumed run trains the very batches an uninterrupted one would (tests/model/test_rl_resume.py).
 
+With a `plateau` rule and a `reprofile` callback, a stalled training reward triggers a new
+difficulty profile with the current policy (between two rollouts, while the generator is idle);
+the sampler's pass rates are part of the saved state, so a resume keeps them.
+
 This module knows nothing of verifiers or curricula: `score` and the sampler are handed in
 (the RL stage wires eval/environments and data/rl_curriculum), so model/ stays torch-only.
 """
@@ -98,6 +102,26 @@ class RolloutSettings(BaseModel):
     """How many extra draws a step may make to reach min_groups."""
 
 
+class PlateauRule(BaseModel):
+    """When the training reward has stalled: the mean accuracy reward of the last `window` steps
+    beats the `window` before them by no more than `min_gain` (checked at most once per 2 windows)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    window: int = Field(10, gt=0)
+    """Steps per window."""
+    min_gain: float = Field(0.01, ge=0)
+    """Smallest rise of the windowed mean accuracy reward that still counts as progress."""
+
+    def stalled(self, history: list[float], since: int) -> bool:
+        """Whether `history` (one value per step) has stalled, looking only at steps after `since`."""
+        w = self.window
+        if len(history) - since < 2 * w:
+            return False
+        recent, before = history[-w:], history[-2 * w:-w]
+        return sum(recent) / w - sum(before) / w <= self.min_gain
+
+
 def seed_for(seed: int, *parts: object) -> int:
     """A 63-bit seed for one draw (step, attempt...), independent of any RNG's position."""
     digest = hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).digest()
@@ -114,12 +138,15 @@ class RolloutBatches:
 
     def __init__(self, policy: torch.nn.Module, generator: Generator, prompts: dict[str, Prompt], sampler: Sampler,
                  score: Score, settings: RolloutSettings, seed: int, pad_id: int,
-                 on_step: Callable[[int, dict[str, float]], None] | None = None):
+                 reprofile: Callable[[int], None] | None = None, plateau: PlateauRule | None = None):
         self.policy, self.generator, self.prompts = policy, generator, prompts
         self.sampler, self.score, self.settings = sampler, score, settings
-        self.seed, self.pad_id, self.on_step = seed, pad_id, on_step
+        self.seed, self.pad_id = seed, pad_id
+        self.reprofile, self.plateau = reprofile, plateau
         self.step = 0
         self.trained_tokens = 0
+        self.accuracy: list[float] = []  # the training reward per step, for the plateau rule
+        self.reprofiled_at = 0
         self._pending: Future | None = None
         self._restored: RolloutBatch | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollouts") if settings.off_policy else None
@@ -129,21 +156,33 @@ class RolloutBatches:
     def next_batch(self) -> RolloutBatch:
         step = self.step + 1
         if not self.settings.off_policy:
+            reprofiled = self._maybe_reprofile(step)
             self.generator.sync_weights(self.policy.state_dict())
             batch = self._collect(step, with_old=False)
         else:
             batch = self._take(step)
+            reprofiled = self._maybe_reprofile(step)  # the generator is idle here
             # the next step's rollouts, from the weights this step starts from, while it trains
             self._pending = self._pool.submit(self._collect_with, snapshot(self.policy), step + 1)
         self.step = step
         self.trained_tokens += int(batch["response_mask"].sum())
-        if self.on_step is not None:
-            self.on_step(step, batch.metrics)
+        self.accuracy.append(float(batch.metrics.get("rl/reward/accuracy", 0.0)))
+        batch.metrics["rl/reprofiled"] = float(reprofiled)
         return batch
+
+    def _maybe_reprofile(self, step: int) -> bool:
+        """On a plateau, re-profile the prompts with the current policy (the caller's `reprofile`
+        updates the sampler's pass rates); the curriculum then weighs what is hard *now*."""
+        if self.reprofile is None or self.plateau is None or not self.plateau.stalled(self.accuracy, self.reprofiled_at):
+            return False
+        self.reprofile(step)
+        self.reprofiled_at = len(self.accuracy)
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"step": self.step, "trained_tokens": self.trained_tokens,
-                                 "sampler": self.sampler.state_dict()}
+                                 "sampler": self.sampler.state_dict(), "accuracy": list(self.accuracy),
+                                 "reprofiled_at": self.reprofiled_at}
         pending = self._restored if self._restored is not None else (
             self._pending.result() if self._pending is not None else None)
         state["pending"] = encode_batch(pending) if pending is not None else None
@@ -152,6 +191,8 @@ class RolloutBatches:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.trained_tokens = int(state["step"]), int(state.get("trained_tokens", 0))
         self.sampler.load_state_dict(state["sampler"])
+        self.accuracy = [float(a) for a in state.get("accuracy", [])]
+        self.reprofiled_at = int(state.get("reprofiled_at", 0))
         self._pending = None
         self._restored = decode_batch(state["pending"]) if state.get("pending") else None
 

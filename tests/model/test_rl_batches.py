@@ -152,3 +152,38 @@ def _cfg(steps: int, every: int | None = None) -> TrainConfig:
                        optimizer=OptimizerConfig(lr=1e-2, min_lr=1e-2, weight_decay=0.0),
                        schedule=ScheduleConfig(kind="constant"), lb_loss_coeff=0.0,
                        checkpoint_every_tokens=every * seq * rows if every else None)
+
+
+def test_the_plateau_rule_compares_two_windows():
+    from model.rl_batches import PlateauRule
+
+    rule = PlateauRule(window=3, min_gain=0.05)
+    assert not rule.stalled([0.1] * 5, since=0)  # fewer than two windows
+    assert rule.stalled([0.1, 0.1, 0.1, 0.12, 0.13, 0.11], since=0)  # +0.017 <= 0.05
+    assert not rule.stalled([0.1, 0.1, 0.1, 0.2, 0.2, 0.2], since=0)
+    assert not rule.stalled([0.1] * 8, since=3)  # only 5 steps since the last re-profile
+
+
+def test_a_stalled_reward_reprofiles_between_rollouts_and_resumes_the_same(model_factory, tmp_path):
+    from model.rl_batches import PlateauRule
+
+    cfg = _cfg(6, every=3)
+
+    def run(out, until=None, resume_from=None):
+        model = model_factory(pattern="M*-")
+        calls: list[int] = []
+        batches = make_batches(model, off_policy=True)
+        batches.reprofile, batches.plateau = calls.append, PlateauRule(window=2, min_gain=1.0)  # always stalled
+        trainer = Trainer(model, cfg, batches, GRPOObjective(GRPOConfig()), out, "rl", None, "h", progress=False)
+        if resume_from:
+            trainer.resume(resume_from)
+        trainer.fit(until_tokens=until)
+        batches.close()
+        return model, trainer, calls
+
+    whole, _, calls = run(tmp_path / "a")
+    assert calls == [5]  # after two windows of 2 steps, at step 5's draw; then not again within 4 steps
+    _, first, _ = run(tmp_path / "b", until=3 * cfg.tokens_per_step)
+    resumed, _, calls = run(tmp_path / "b", resume_from=first.last_checkpoint)
+    assert calls == [5]  # the history came back with the checkpoint
+    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()))
