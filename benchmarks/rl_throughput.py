@@ -60,6 +60,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from eval.heldout import round_robin  # noqa: E402
+
 MODES = ("sync", "off-policy", "off-policy-process")
 LABELS = {"sync": "sync", "off-policy": "off-policy", "off-policy-process": "off-policy, process"}
 LAST = 5  # steps whose train reward is averaged
@@ -74,16 +76,6 @@ def newest(pattern: str, root: Path = ROOT) -> Path | None:
 def default_rows(root: Path = ROOT) -> Path | None:
     found = [p for p in root.glob("runs/tiny/rl_world/*") if (p / "rl_eval.jsonl").is_file()]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-
-def round_robin(rows: list, limit: int) -> list:
-    """At most `limit` rows taken in turn from each domain (in file order), as the RL stage scores them."""
-    per: dict[str, list] = {}
-    for r in rows:
-        per.setdefault(r.domain, []).append(r)
-    queues = [per[d] for d in sorted(per)]
-    turns = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
-    return turns[:limit]
 
 
 class Setup:
@@ -101,7 +93,7 @@ class Setup:
             install_chat_template(self.tokenizer)
         train = [r for d in args.domains for r in load_tasks(args.rows / f"rl_{d}.jsonl", d, None, None)]
         heldout = [r for r in load_tasks(args.rows / "rl_eval.jsonl", "heldout", None, None) if r.domain in args.domains]
-        heldout = round_robin(heldout, args.heldout)
+        heldout = round_robin(heldout, lambda r: r.domain, args.heldout)
         self.wiring = RLWiring(self.tokenizer, train + heldout,
                                RewardConfig(accuracy=1.0, format=args.format_weight), reasoning=False)
         self.by_domain: dict[str, list[tuple[str, float]]] = {}
@@ -158,7 +150,7 @@ def _run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path
                                temperature=args.temperature, off_policy=mode != "sync")
     steps: list[dict[str, float]] = []
     batches = RolloutBatches(policy, generator, setup.wiring.prompts, sampler, setup.wiring.score, settings,
-                             args.seed, setup.pad_id, on_step=lambda step, m: steps.append(dict(m)))
+                             args.seed, setup.pad_id)
     rows = args.prompts_per_step * args.group_size
     cfg = TrainConfig(tokens=args.steps * setup.seq_length * rows, seq_length=setup.seq_length, global_batch=rows,
                       micro_batch=math.gcd(rows, args.micro_batch), lb_loss_coeff=0.0, precision="auto",
@@ -170,6 +162,7 @@ def _run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         stamps.extend(time.perf_counter() for _ in records)
+        steps.extend(dict(metrics) for _, _, metrics in records)  # the engine logs each batch's rl/ metrics
 
     trainer = Trainer(policy, cfg, batches, GRPOObjective(GRPOConfig(temperature=args.temperature)),
                       workdir / mode, stage="rl", tokenizer_dir=str(args.checkpoint), recipe_hash="bench", log=log,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -58,11 +58,17 @@ def answer_items(convs: list[dict], limit: int | None = None,
         target = (msgs[-1].get("content") or "").strip()
         if target:
             items.append((prefix, target, str(conv.get("domain") or "all")))
+    return round_robin(items, lambda item: item[2], limit)
+
+
+def round_robin(items: list, domain_of: Callable[[Any], str], limit: int | None) -> list:
+    """At most `limit` items taken round-robin over their domains (sorted by name; each domain in
+    its list order), so a limit never cuts a whole domain out; all of them when `limit` is None."""
     if limit is None or limit >= len(items):
-        return items
+        return list(items)
     by_domain: dict[str, list] = defaultdict(list)
     for item in items:
-        by_domain[item[2]].append(item)
+        by_domain[domain_of(item)].append(item)
     queues = [iter(v) for _, v in sorted(by_domain.items())]
     picked: list = []
     while len(picked) < limit:

@@ -104,6 +104,7 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
     from transformers import AutoTokenizer
 
     from data.chat import install_chat_template
+    from eval.heldout import round_robin
     from model.build import load_model
     from model.rollout import make_generator
 
@@ -112,7 +113,8 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
     if not tokenizer.chat_template:
         install_chat_template(tokenizer)
     trained = {r.domain for r in train_rows}  # held-out rows of the domains this stage trains
-    heldout_rows = _round_robin([r for r in heldout_rows if r.domain in trained], cfg.data.heldout_limit)
+    heldout_rows = round_robin([r for r in heldout_rows if r.domain in trained], lambda r: r.domain,
+                               cfg.data.heldout_limit)
     wiring = RLWiring(tokenizer, train_rows + heldout_rows, cfg.rewards, cfg.reasoning)
     policy = load_model(start_from, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -206,22 +208,6 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
                          metrics={**after, **{f"base/{k}": v for k, v in before.items()}, **deltas},
                          stage_dir=str(out_dir), summary=summary)
     return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))
-
-
-def _round_robin(rows: list, limit: int | None) -> list:
-    """At most `limit` rows taken round-robin over domains (each in file order), so no domain is cut out."""
-    if limit is None or limit >= len(rows):
-        return rows
-    per: dict[str, list] = {}
-    for r in rows:
-        per.setdefault(r.domain, []).append(r)
-    queues, out = [iter(v) for _, v in sorted(per.items())], []
-    while len(out) < limit:
-        for q in queues:
-            r = next(q, None)
-            if r is not None and len(out) < limit:
-                out.append(r)
-    return out
 
 
 def _say_heldout(log, when: str, metrics: dict[str, float]) -> None:

@@ -61,10 +61,3 @@ def test_missing_inputs_exit_2_saying_what_to_do(tiny_checkpoint, rows, tmp_path
     assert f"--rows {tmp_path}: missing rl_arithmetic.jsonl, rl_format.jsonl, rl_eval.jsonl" in capsys.readouterr().err
     assert bench.main(["--checkpoint", str(tmp_path), "--rows", str(rows)]) == 2
     assert "not a checkpoint" in capsys.readouterr().err
-
-
-def test_held_out_rows_are_taken_in_turn_from_each_domain():
-    from types import SimpleNamespace as Row
-
-    rows = [Row(domain=d, n=i) for d, i in [("b", 0), ("b", 1), ("b", 2), ("a", 0)]]
-    assert [(r.domain, r.n) for r in _bench().round_robin(rows, 3)] == [("a", 0), ("b", 0), ("b", 1)]

@@ -86,3 +86,13 @@ def test_heldout_loss_is_finite_and_counts_assistant_tokens(chat_lm):
     got = heldout_loss(model, tokenizer, CONVS[:4], pack_size=128)
     assert math.isfinite(got["loss"]) and got["loss"] > 0 and got["supervised_tokens"] > 0
     assert heldout_loss(model, tokenizer, CONVS[:4], pack_size=128, limit=2)["supervised_tokens"] < got["supervised_tokens"]
+
+
+def test_round_robin_takes_items_in_turn_from_each_domain():
+    from types import SimpleNamespace as Row
+
+    from eval.heldout import round_robin
+
+    rows = [Row(domain=d, n=i) for d, i in [("b", 0), ("b", 1), ("b", 2), ("a", 0)]]
+    assert [(r.domain, r.n) for r in round_robin(rows, lambda r: r.domain, 3)] == [("a", 0), ("b", 0), ("b", 1)]
+    assert round_robin(rows, lambda r: r.domain, None) == rows
