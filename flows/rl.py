@@ -180,8 +180,16 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
         log.info("rl: step %d: the training reward stalled; re-profiled %d prompts (mean pass rate %.3f)", step,
                  len(fresh), sum(fresh.values()) / max(len(fresh), 1))
 
+    reference = None
+    if cfg.grpo.kl_coeff > 0:  # the KL anchor: the stage's starting weights, frozen
+        from model.build import load_model
+        from model.objectives.grpo import token_logprobs
+
+        anchor = load_model(start_from, device=device).eval().requires_grad_(False)
+        reference = lambda ids: token_logprobs(anchor, ids.to(device), ro.temperature)[0].cpu()  # noqa: E731
     batches = RolloutBatches(policy, generator, wiring.prompts, sampler, wiring.score, ro, ctx.seed, pad_id,
-                             reprofile=reprofile if cfg.reprofile else None, plateau=cfg.reprofile)
+                             reprofile=reprofile if cfg.reprofile else None, plateau=cfg.reprofile,
+                             reference=reference)
     seq_length = max(len(p.ids) for p in wiring.prompts.values()) + ro.max_new_tokens
     rows_per_step = cfg.prompts_per_step * ro.group_size
     train_cfg = TrainConfig(

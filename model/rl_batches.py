@@ -28,6 +28,9 @@ With a `plateau` rule and a `reprofile` callback, a stalled training reward trig
 difficulty profile with the current policy (between two rollouts, while the generator is idle);
 the sampler's pass rates are part of the saved state, so a resume keeps them.
 
+With a `reference` (log-probs of a frozen model, the stage's start), every batch carries
+`ref_logprobs` for the objective's k3 KL term.
+
 This module knows nothing of verifiers or curricula: `score` and the sampler are handed in
 (the RL stage wires eval/environments and data/rl_curriculum), so model/ stays torch-only.
 """
@@ -138,11 +141,13 @@ class RolloutBatches:
 
     def __init__(self, policy: torch.nn.Module, generator: Generator, prompts: dict[str, Prompt], sampler: Sampler,
                  score: Score, settings: RolloutSettings, seed: int, pad_id: int,
-                 reprofile: Callable[[int], None] | None = None, plateau: PlateauRule | None = None):
+                 reprofile: Callable[[int], None] | None = None, plateau: PlateauRule | None = None,
+                 reference: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.policy, self.generator, self.prompts = policy, generator, prompts
         self.sampler, self.score, self.settings = sampler, score, settings
         self.seed, self.pad_id = seed, pad_id
         self.reprofile, self.plateau = reprofile, plateau
+        self.reference = reference  # input_ids -> log π_ref(target) [n, L-1], for the KL term
         self.step = 0
         self.trained_tokens = 0
         self.accuracy: list[float] = []  # the training reward per step, for the plateau rule
@@ -239,6 +244,9 @@ class RolloutBatches:
         batch = self._tensors(kept)
         if with_old and s.recompute_old_logprobs and len(batch["input_ids"]):  # under the weights that sampled
             batch["old_logprobs"] = self.generator.token_logprobs(batch["input_ids"], s.temperature) * batch["response_mask"]
+        if self.reference is not None and len(batch["input_ids"]):
+            with torch.no_grad():
+                batch["ref_logprobs"] = self.reference(batch["input_ids"]) * batch["response_mask"]
         batch.metrics = self._metrics(groups, [] if empty else kept, rollout_s)
         batch.metrics["rl/empty_step"] = float(empty)
         return batch

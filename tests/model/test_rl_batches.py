@@ -187,3 +187,16 @@ def test_a_stalled_reward_reprofiles_between_rollouts_and_resumes_the_same(model
     resumed, _, calls = run(tmp_path / "b", resume_from=first.last_checkpoint)
     assert calls == [5]  # the history came back with the checkpoint
     assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()))
+
+
+def test_a_reference_gives_every_batch_its_log_probs_for_the_kl_term(model_factory):
+    model = model_factory(pattern="M*-")
+    anchor = model_factory(pattern="M*-", seed=1)
+    batches = make_batches(model, off_policy=False)
+    batches.reference = lambda ids: token_logprobs(anchor, ids, 1.0)[0]
+    batch = batches.next_batch().validate()
+    with torch.no_grad():
+        expected = token_logprobs(anchor, batch["input_ids"], 1.0)[0] * batch["response_mask"]
+    assert torch.equal(batch["ref_logprobs"], expected)
+    loss, metrics = GRPOObjective(GRPOConfig(kl_coeff=0.1)).loss(model, batch, batch["response_mask"].sum(), None)
+    assert metrics["kl"] > 0  # the policy is not the anchor
