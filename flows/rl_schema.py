@@ -51,7 +51,8 @@ class RLSource(_Config):
     domain: str | None = None
     """Domain of every row (default: each row's `domain`, else the source name)."""
     environment: str | None = None
-    """Verifier of every row (default: each row's `environment` key); `stagewise recipe schema` lists them."""
+    """Verifier of every row (default: each row's `environment` key): exact_answer, json_answer, uppercase,
+    calculator or sorting (eval/environments/; a new one is a function and a registry line)."""
     on_bad_line: Literal["error", "skip"] = "error"
     """A malformed row stops the stage naming its line (error) or is skipped and counted (skip)."""
 

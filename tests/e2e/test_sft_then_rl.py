@@ -35,14 +35,16 @@ def _history(client, run, name):
 
 
 @pytest.mark.slow
-def test_sft_hands_its_checkpoint_to_rl(rl_run):
+def test_sft_hands_its_checkpoint_to_rl(rl_run, cli):
     summary, client, rl = rl_run
     assert [s["stage"] for s in summary["stages"]] == ["pretrain", "sft", "rl"]
     sft, result = summary["stages"][1], summary["stages"][2]
     assert rl.data.tags["stagewise.start_checkpoint"] == sft["checkpoint"]
     meta = json.loads((Path(result["checkpoint"]) / "stagewise.json").read_text())
-    steps = rl.data.params.get("stages.rl.steps") or "60"
-    assert meta["stage"] == "rl" and meta["step"] == int(steps) and meta["parent"]
+    from flows.recipe import load_recipe
+
+    steps = load_recipe(Path(cli.tiny)).recipe.stages.rl.steps
+    assert meta["stage"] == "rl" and meta["step"] == steps and meta["parent"]
     version = client.get_model_version_by_alias(summary["experiment"], "rl")
     assert Path(version.tags["stagewise.checkpoint"]) == Path(result["checkpoint"]).resolve()
 
