@@ -109,6 +109,11 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
     from model.rollout import make_generator
 
     cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
+    if cfg.backend == "vllm" and not str(device).startswith("cuda"):
+        from data.errors import BadInput
+
+        raise BadInput(f"stages.rl.backend: vllm syncs weights over NCCL from a CUDA device; the runtime is {device} "
+                       "(use backend: hf or hf-process on a CPU)")
     tokenizer = AutoTokenizer.from_pretrained(start_from)
     if not tokenizer.chat_template:
         install_chat_template(tokenizer)

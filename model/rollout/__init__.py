@@ -16,8 +16,8 @@ own torch.Generator, so a background thread's sampling never touches the global 
 `ProcessGenerator` (model/rollout/process.py), the same HFGenerator in a worker process, so
 one-step off-policy sampling overlaps training on a CPU instead of sharing the GIL (results
 identical to HFGenerator's for the same weights, seed and thread count); and
-`VLLMGenerator` (model/rollout/vllm.py, optional extra, lazily imported), a `trl vllm-serve`
-server reached through TRL's VLLMClient, for GPUs.
+`VLLMGenerator` (model/rollout/vllm.py, optional extra, lazily imported), a vLLM server started
+with TRL's weight-sync flags (its docstring shows how), reached through TRL's VLLMClient, for GPUs.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Generator(Protocol):
 
 def make_generator(backend: str, policy: torch.nn.Module, end_ids: list[int], pad_id: int, **options) -> Generator:
     """The named backend: "hf" (in process), "hf-process" (HF in a worker process; options `threads`,
-    `batch_rows`) or "vllm" (a running `trl vllm-serve`; optional extra)."""
+    `batch_rows`) or "vllm" (a vLLM server started as model/rollout/vllm.py says; optional extra)."""
     if backend == "hf":
         from model.rollout.hf import HFGenerator
 

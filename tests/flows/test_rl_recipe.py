@@ -44,3 +44,16 @@ def test_a_second_temperature_is_refused():
 
 def test_a_domain_share_must_be_positive():
     assert "stages.rl.domains.arithmetic" in problems("stages.rl.domains={arithmetic: 0, format: 1}")
+
+
+def test_vllm_rollouts_on_a_cpu_runtime_are_refused_before_any_work(tmp_path):
+    from flows.rl import _train
+    from flows.stage import StageContext
+    from data.errors import BadInput
+
+    block = select(load_recipe(TINY, ["stages.rl.backend=vllm"]).recipe)
+    ctx = StageContext.model_construct(workdir=str(tmp_path), base_dir=str(tmp_path), seed=1, recipe_hash="h",
+                                       tracker=None, runtime=None)
+    ctx = ctx.model_copy(update={"runtime": type("R", (), {"device": "cpu"})()})
+    with pytest.raises(BadInput, match="stages.rl.backend: vllm"):
+        _train(ctx, block, str(tmp_path), [], [], tmp_path, "run", None)
