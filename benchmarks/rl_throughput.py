@@ -86,7 +86,8 @@ class Setup:
 
         from data.chat import install_chat_template
         from eval.rewards import RewardConfig
-        from tasks.rl import RLWiring, end_ids, load_tasks
+        from eval.heldout import end_ids
+        from tasks.rl import RLWiring, load_tasks
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(args.checkpoint))
         if not self.tokenizer.chat_template:

@@ -15,26 +15,16 @@ per-domain counts uniformly at random from each domain.
 
 from __future__ import annotations
 
-import hashlib
-import random
 from typing import Any
 
-from data.rl_curriculum import CurriculumConfig, sample_batch
-
-
-def _rng(seed: int, *parts: object) -> random.Random:
-    digest = hashlib.sha256(":".join(map(str, (seed, "curriculum", *parts))).encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
+from data.rl_curriculum import CurriculumConfig, largest_remainder, sample_batch
+from data.world._common import rng_for
 
 
 def domain_counts(ratios: dict[str, float], batch_size: int) -> dict[str, int]:
-    """`batch_size` split over domains in proportion to `ratios`, by largest remainder (ties by name)."""
-    total = sum(ratios.values())
-    exact = {d: batch_size * r / total for d, r in ratios.items()}
-    counts = {d: int(v) for d, v in exact.items()}
-    for d in sorted(exact, key=lambda d: (-(exact[d] - counts[d]), d))[:batch_size - sum(counts.values())]:
-        counts[d] += 1
-    return counts
+    """`batch_size` split over domains in proportion to `ratios`, by largest remainder (ties: the
+    earlier domain), as the curriculum splits its batches."""
+    return dict(zip(ratios, largest_remainder(batch_size, list(ratios.values()))))
 
 
 class CurriculumSampler:
@@ -50,7 +40,7 @@ class CurriculumSampler:
         self.total_steps, self.cfg, self.seed = total_steps, cfg, seed
 
     def sample(self, step: int, attempt: int) -> list[str]:
-        rng = _rng(self.seed, step, attempt)
+        rng = rng_for(self.seed, f"curriculum:{step}:{attempt}")
         if self.cfg is not None:
             # sample_batch counts steps from 0; the engine's first step is 1
             return sample_batch(self.prompts, self.ratios, self.batch_size, step - 1, self.total_steps, self.cfg, rng)

@@ -91,7 +91,8 @@ def shape(text: str) -> str:
     return "".join(out)
 
 
-def _end_ids(tokenizer: Any) -> list[int]:
+def end_ids(tokenizer: Any) -> list[int]:
+    """Tokens that end a response: <|im_end|> and the tokenizer's eos."""
     ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>",)]
     ids = [i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0]
     return ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
@@ -146,7 +147,7 @@ def _generate(model: torch.nn.Module, tokenizer: Any, prompts: list[list[int]], 
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    end = _end_ids(tokenizer)
+    end = end_ids(tokenizer)
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=end, pad_token_id=pad)
     texts = []

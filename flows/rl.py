@@ -36,7 +36,7 @@ from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish,
                          stage_run, start_checkpoint)
 from tasks.policy import run_logger
 from tasks.refs import StageResult, StageSummary
-from tasks.rl import (RLWiring, end_ids, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
+from tasks.rl import (RLWiring, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
                       rl_world_task)
 from tasks.sft_data import resolve
 from tasks.steps import file_hash, step_dir, value_of
@@ -69,7 +69,8 @@ RL_VERSION = 2
 
 def rl_spec(block: RLInputs, seed: int) -> dict:
     """What determines the stage's outcome besides its inputs' hashes (rows, start checkpoint)."""
-    return {"stage": block.stage, "seed": seed, "version": RL_VERSION}
+    # where a vLLM server listens says nothing about the weights: not hashed
+    return {"stage": block.stage.model_dump(exclude={"vllm_url"}), "seed": seed, "version": RL_VERSION}
 
 
 @flow(name="rl")
@@ -104,16 +105,16 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
     from transformers import AutoTokenizer
 
     from data.chat import install_chat_template
-    from eval.heldout import round_robin
+    from eval.heldout import end_ids, round_robin
     from model.build import load_model
     from model.rollout import make_generator
 
     cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
-    if cfg.backend == "vllm" and not str(device).startswith("cuda"):
+    refused = backend_problem(cfg.backend, str(device))
+    if refused:
         from data.errors import BadInput
 
-        raise BadInput(f"stages.rl.backend: vllm syncs weights over NCCL from a CUDA device; the runtime is {device} "
-                       "(use backend: hf or hf-process on a CPU)")
+        raise BadInput(refused)
     tokenizer = AutoTokenizer.from_pretrained(start_from)
     if not tokenizer.chat_template:
         install_chat_template(tokenizer)
@@ -135,8 +136,6 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
 
 def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_rows, wiring, heldout_rows, policy,
                     generator, pad_id: int, out_dir: Path, run_id: str, log) -> StageResult:
-    import torch
-
     from data.rl_curriculum import difficulty_filter
     from data.rl_sampler import CurriculumSampler
     from model.config import TrainConfig
@@ -209,8 +208,7 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     resume = resume_point(out_dir, ctx.resume)
     ckpt = value_of(rl_train_task(trainer, batches, resume.path if resume else None, tracker, run_id))
     generator.sync_weights(policy.state_dict())
-    with torch.no_grad():
-        after = evaluate((ckpt.step, ckpt.tokens_seen))
+    after = evaluate((ckpt.step, ckpt.tokens_seen))
     _say_heldout(log, "after", after)
     deltas = {f"rl/heldout/{k.split('/', 2)[2]}_delta": after[k] - before[k] for k in before if k in after}
     tracker.log_metrics(run_id, [(ckpt.step, ckpt.tokens_seen, deltas)])
@@ -221,6 +219,14 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
                          metrics={**after, **{f"base/{k}": v for k, v in before.items()}, **deltas},
                          stage_dir=str(out_dir), summary=summary)
     return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))
+
+
+def backend_problem(backend: str, device: str) -> str | None:
+    """Why a rollout backend cannot run on this runtime's device (None: it can)."""
+    if backend == "vllm" and not device.startswith("cuda"):
+        return (f"stages.rl.backend: vllm syncs weights over NCCL from a CUDA device; the runtime is {device} "
+                "(use backend: hf or hf-process on a CPU)")
+    return None
 
 
 def _say_heldout(log, when: str, metrics: dict[str, float]) -> None:

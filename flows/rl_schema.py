@@ -131,6 +131,12 @@ class RLStage(_Config):
     """Monitors."""
 
     @model_validator(mode="after")
+    def _reprofile_needs_a_curriculum(self) -> "RLStage":
+        if self.reprofile is not None and self.curriculum is None:
+            raise ValueError("reprofile only changes what a curriculum samples: set a curriculum or drop reprofile")
+        return self
+
+    @model_validator(mode="after")
     def _temperatures(self) -> "RLStage":
         if "temperature" in self.grpo.model_fields_set and self.grpo.temperature != self.rollout.temperature:
             raise ValueError("grpo.temperature must equal rollout.temperature (set rollout.temperature only)")

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
@@ -97,6 +97,12 @@ class RolloutSettings(BaseModel):
     IS weight π_θ/π_rollout (detached, masked outside its band) carries both. Worth the extra
     forward when the sampler's numerics differ from the trainer's (vLLM); the HF backends'
     log-probs match the trainer's to ~1e-4 and the forward costs ~40% of a rollout on a CPU."""
+    @model_validator(mode="after")
+    def _recompute_needs_off_policy(self) -> "RolloutSettings":
+        if self.recompute_old_logprobs and not self.off_policy:
+            raise ValueError("recompute_old_logprobs only applies to off_policy rollouts (synchronous ones are not stale)")
+        return self
+
     scale_by_std: bool = False
     """Divide advantages by the group's reward std (Dr. GRPO leaves it off)."""
     min_groups: int = Field(1, ge=1)

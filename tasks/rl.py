@@ -26,6 +26,9 @@ from typing import Any
 from prefect import task
 
 from data.rl_rows import RLRow
+from eval.environments import get_environment
+from eval.heldout import end_ids
+from eval.rewards import group_rewards
 from tasks.policy import once, retrying, run_logger
 from tasks.refs import CheckpointRef
 from tasks.steps import cached, step_hash
@@ -111,20 +114,10 @@ class RLWiring:
         return self.tokenizer.decode(ids, skip_special_tokens=False).strip()
 
     def score(self, prompt, group) -> dict[str, list[float]]:
-        from eval.environments import get_environment
-        from eval.rewards import group_rewards
-
         task_row = self.rows[prompt.id]
         texts = [self.text(r.response_ids) for r in group]
         return group_rewards(texts, [len(r.response_ids) for r in group], task_row.row,
                              get_environment(task_row.environment), self.rewards)
-
-
-def end_ids(tokenizer: Any) -> list[int]:
-    """Tokens that end a response: <|im_end|> and the tokenizer's eos."""
-    from eval.heldout import _end_ids
-
-    return _end_ids(tokenizer)
 
 
 def by_domain(results: dict[str, list[float]], wiring: RLWiring) -> dict[str, float]:

@@ -46,14 +46,14 @@ def test_a_domain_share_must_be_positive():
     assert "stages.rl.domains.arithmetic" in problems("stages.rl.domains={arithmetic: 0, format: 1}")
 
 
-def test_vllm_rollouts_on_a_cpu_runtime_are_refused_before_any_work(tmp_path):
-    from flows.rl import _train
-    from flows.stage import StageContext
-    from data.errors import BadInput
+def test_vllm_rollouts_need_a_cuda_runtime():
+    from flows.rl import backend_problem
 
-    block = select(load_recipe(TINY, ["stages.rl.backend=vllm"]).recipe)
-    ctx = StageContext.model_construct(workdir=str(tmp_path), base_dir=str(tmp_path), seed=1, recipe_hash="h",
-                                       tracker=None, runtime=None)
-    ctx = ctx.model_copy(update={"runtime": type("R", (), {"device": "cpu"})()})
-    with pytest.raises(BadInput, match="stages.rl.backend: vllm"):
-        _train(ctx, block, str(tmp_path), [], [], tmp_path, "run", None)
+    assert "stages.rl.backend: vllm" in backend_problem("vllm", "cpu")
+    assert backend_problem("vllm", "cuda:0") is None and backend_problem("hf", "cpu") is None
+
+
+def test_settings_that_would_do_nothing_are_refused():
+    assert "reprofile only changes what a curriculum samples" in problems("stages.rl.reprofile={window: 5}")
+    assert "only applies to off_policy" in problems("stages.rl.rollout.off_policy=false",
+                                                     "stages.rl.rollout.recompute_old_logprobs=true")
