@@ -77,13 +77,13 @@ class Sampler(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class RolloutSettings(BaseModel):
-    """How each step's rollouts are drawn."""
+class SamplingSettings(BaseModel):
+    """How each step's responses are sampled (what RL and distillation share)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    group_size: int = Field(8, ge=2)
-    """G: responses sampled per prompt (the leave-one-out baseline needs at least 2)."""
+    group_size: int = Field(1, ge=1)
+    """Responses sampled per prompt."""
     max_new_tokens: int = Field(16, gt=0)
     """Longest response; longer ones are cut (and usually score 0)."""
     temperature: float = Field(1.0, gt=0)
@@ -97,12 +97,19 @@ class RolloutSettings(BaseModel):
     IS weight π_θ/π_rollout (detached, masked outside its band) carries both. Worth the extra
     forward when the sampler's numerics differ from the trainer's (vLLM); the HF backends'
     log-probs match the trainer's to ~1e-4 and the forward costs ~40% of a rollout on a CPU."""
+
     @model_validator(mode="after")
-    def _recompute_needs_off_policy(self) -> "RolloutSettings":
+    def _recompute_needs_off_policy(self) -> "SamplingSettings":
         if self.recompute_old_logprobs and not self.off_policy:
             raise ValueError("recompute_old_logprobs only applies to off_policy rollouts (synchronous ones are not stale)")
         return self
 
+
+class RolloutSettings(SamplingSettings):
+    """How each GRPO step's rollouts are drawn: sampling, plus what a group's rewards decide."""
+
+    group_size: int = Field(8, ge=2)
+    """G: responses sampled per prompt (the leave-one-out baseline needs at least 2)."""
     scale_by_std: bool = False
     """Divide advantages by the group's reward std (Dr. GRPO leaves it off)."""
     min_groups: int = Field(1, ge=1)
@@ -146,7 +153,7 @@ class RolloutBatches:
     """The engine's batch source for GRPO (see the module docstring)."""
 
     def __init__(self, policy: torch.nn.Module, generator: Generator, prompts: dict[str, Prompt], sampler: Sampler,
-                 score: Score, settings: RolloutSettings, seed: int, pad_id: int,
+                 score: Score, settings: SamplingSettings, seed: int, pad_id: int,
                  reprofile: Callable[[int], None] | None = None, plateau: PlateauRule | None = None,
                  reference: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.policy, self.generator, self.prompts = policy, generator, prompts
@@ -178,7 +185,8 @@ class RolloutBatches:
         self.step = step
         self.trained_tokens += int(batch["response_mask"].sum())
         self.accuracy.append(float(batch.metrics.get("rl/reward/accuracy", 0.0)))
-        batch.metrics["rl/reprofiled"] = float(reprofiled)
+        if self.reprofile is not None:
+            batch.metrics["rl/reprofiled"] = float(reprofiled)
         return batch
 
     def _maybe_reprofile(self, step: int) -> bool:
@@ -260,7 +268,7 @@ class RolloutBatches:
     def _tensors(self, kept: list[tuple[Prompt, list[Rollout], dict[str, list[float]]]]) -> RolloutBatch:
         rows, advantages, masks, logps = [], [], [], []
         for prompt, group, rewards in kept:
-            adv = leave_one_out(torch.tensor(rewards["total"], dtype=torch.float32), self.settings.scale_by_std)
+            adv = self._advantages(rewards)
             for rollout, a in zip(group, adv.tolist()):
                 ids = list(prompt.ids) + rollout.response_ids
                 rows.append(ids)
@@ -277,6 +285,10 @@ class RolloutBatches:
             rollout_logprobs=torch.tensor([pad(lp, 0.0, width - 1) for lp in logps]).reshape(-1, width - 1),
             advantages=torch.tensor(advantages, dtype=torch.float32),
         )
+
+    def _advantages(self, rewards: dict[str, list[float]]) -> torch.Tensor:
+        """One advantage per sample of a group: leave-one-out over its total rewards."""
+        return leave_one_out(torch.tensor(rewards["total"], dtype=torch.float32), self.settings.scale_by_std)
 
     def _metrics(self, groups, kept, rollout_s: float) -> dict[str, float]:
         every = [r for _, _, r in groups]

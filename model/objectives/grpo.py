@@ -52,7 +52,8 @@ class RolloutBatch(dict):
     """A global batch of rollouts: input_ids [n, L] long (prompt + response, right-padded),
     response_mask [n, L-1] float (1 where the target input_ids[:, 1:] is a response token),
     advantages [n], rollout_logprobs [n, L-1] (0 outside the response), and optionally
-    old_logprobs / ref_logprobs [n, L-1]. Like data/sft_data.py's PackedBatch it answers the
+    old_logprobs / ref_logprobs [n, L-1]. `advantages` may also be per token, [n, L-1]
+    (on-policy distillation, model/objectives/distill.py). Like data/sft_data.py's PackedBatch it answers the
     engine's three tensor calls (`.to`, `.split`, `.device`), splitting every tensor on dim 0."""
 
     def to(self, device, non_blocking: bool = False) -> "RolloutBatch":
@@ -78,7 +79,7 @@ class RolloutBatch(dict):
         if ids.dim() != 2 or ids.shape[1] < 2:
             raise ValueError(f"RolloutBatch: input_ids must be [n, L >= 2], got {tuple(ids.shape)}")
         n, length = ids.shape
-        want = {"advantages": (n,)}
+        want = {"advantages": (n,) if self["advantages"].dim() == 1 else (n, length - 1)}
         want.update({k: (n, length - 1) for k in ("response_mask", "rollout_logprobs", *OPTIONAL)})
         for key, shape in want.items():
             if key in self and tuple(self[key].shape) != shape:
@@ -193,7 +194,8 @@ class GRPOObjective:
         old = logp.detach() if old is None else old.float()
         w, kept = is_weights(old, micro["rollout_logprobs"], mask, cfg.is_low, cfg.is_high)
 
-        adv = micro["advantages"].float()[:, None]
+        adv = micro["advantages"].float()
+        adv = adv[:, None] if adv.dim() == 1 else adv  # per sample (GRPO) or per token (distillation)
         on = mask > 0  # garbage old/ref values outside the response must not overflow exp
         rho = torch.exp(torch.where(on, logp - old, torch.zeros_like(logp)))
         clipped_rho = rho.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)

@@ -1,0 +1,138 @@
+"""DistillBatches: the student's samples scored by their domain's teacher into per-token
+advantages, nothing dropped, one-step off-policy with exact resume, and a student that moves
+toward its teachers (model/distill_batches.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from model.config import OptimizerConfig, ScheduleConfig, TrainConfig
+from model.distill_batches import DistillBatches
+from model.engine import Trainer
+from model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
+from model.rl_batches import Prompt, SamplingSettings
+from model.rollout.hf import HFGenerator
+
+END = 3
+PROMPTS = {f"p{i}": Prompt(f"p{i}", "even" if i % 2 else "odd", tuple(random.Random(i).randrange(4, 200)
+                                                                     for _ in range(3 + i % 4))) for i in range(12)}
+
+
+class CycleSampler:
+    def sample(self, step: int, attempt: int) -> list[str]:
+        ids = sorted(PROMPTS)
+        return [ids[(4 * (step - 1) + k) % len(ids)] for k in range(4)]
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class Teachers:
+    """One frozen tiny model per domain; records which domains each call saw."""
+
+    def __init__(self, factory):
+        self.models = {"even": factory(pattern="M*-", seed=1).eval(), "odd": factory(pattern="M*-", seed=2).eval()}
+        with torch.no_grad():  # peaked teachers: far from the near-uniform student at initialisation
+            for m in self.models.values():
+                m.lm_head.weight.mul_(8)
+        self.calls: list[list[str]] = []
+
+    def __call__(self, domains, sequences, temperature):
+        self.calls.append(list(domains))
+        out = []
+        with torch.no_grad():
+            for d, s in zip(domains, sequences):
+                out.append(token_logprobs(self.models[d], torch.tensor([s]), temperature)[0][0])
+        return out
+
+
+def make(model, teachers, off_policy=True, group_size=2, score=None):
+    settings = SamplingSettings(group_size=group_size, max_new_tokens=5, temperature=1.0, off_policy=off_policy)
+    return DistillBatches(model, HFGenerator(model, [END], 0), PROMPTS, CycleSampler(), teachers, settings, seed=7,
+                          pad_id=0, score=score)
+
+
+def test_each_sample_is_scored_by_its_domains_teacher(model_factory):
+    model = model_factory(pattern="M*-")
+    teachers = Teachers(model_factory)
+    batch = make(model, teachers, off_policy=False).next_batch().validate()
+    assert batch["input_ids"].shape[0] == 8 and batch["advantages"].shape == batch["response_mask"].shape
+    mask = batch["response_mask"]
+    domains = teachers.calls[0]
+    assert sorted(set(domains)) == ["even", "odd"]  # every sample kept: no group is dropped
+    with torch.no_grad():
+        student = token_logprobs(model, batch["input_ids"])[0]
+        for row, d in enumerate(domains):
+            teacher = token_logprobs(teachers.models[d], batch["input_ids"][row:row + 1])[0][0]
+            on = mask[row] > 0
+            torch.testing.assert_close(batch["advantages"][row][on], (teacher - student[row])[on], atol=1e-4, rtol=0)
+            assert torch.all(batch["advantages"][row][~on] == 0)
+    m = batch.metrics
+    assert {"distill/reverse_kl/even", "distill/reverse_kl/odd", "distill/logprob_gap/even",
+            "distill/rollout_tokens_per_s", "distill/teacher_tokens_per_s"} <= set(m)
+    assert not any(k.startswith("distill/train_accuracy") for k in m)  # no score given
+
+
+def test_a_score_only_reports_training_accuracy(model_factory):
+    model = model_factory(pattern="M*-")
+    ones = lambda prompt, group: {"accuracy": [1.0] * len(group), "total": [1.0] * len(group)}  # noqa: E731
+    scored = make(model, Teachers(model_factory), off_policy=False, score=ones).next_batch()
+    plain = make(model, Teachers(model_factory), off_policy=False).next_batch()
+    assert scored.metrics["distill/train_accuracy/even"] == 1.0
+    assert torch.equal(scored["advantages"], plain["advantages"])
+
+
+def _cfg(steps: int, every: int | None = None, lr: float = 1e-2) -> TrainConfig:
+    seq, rows = 16, 8
+    return TrainConfig(tokens=steps * seq * rows, seq_length=seq, global_batch=rows, micro_batch=4,
+                       optimizer=OptimizerConfig(lr=lr, min_lr=lr, weight_decay=0.0),
+                       schedule=ScheduleConfig(kind="constant"), lb_loss_coeff=0.0,
+                       checkpoint_every_tokens=every * seq * rows if every else None)
+
+
+def test_resume_gives_the_same_weights(model_factory, tmp_path):
+    cfg = _cfg(4, every=2)
+
+    def run(out, until=None, resume_from=None):
+        model = model_factory(pattern="M*-")
+        batches = make(model, Teachers(model_factory))
+        trainer = Trainer(model, cfg, batches, GRPOObjective(GRPOConfig()), out, "distill", None, "h", progress=False)
+        if resume_from:
+            trainer.resume(resume_from)
+        trainer.fit(until_tokens=until)
+        batches.close()
+        return model, trainer
+
+    whole, _ = run(tmp_path / "a")
+    _, first = run(tmp_path / "b", until=2 * cfg.tokens_per_step)
+    resumed, _ = run(tmp_path / "b", resume_from=first.last_checkpoint)
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_the_student_moves_toward_its_teachers(model_factory, tmp_path):
+    """Sampled-token reverse KL, measured on fresh samples, falls over a few on-policy steps."""
+    model = model_factory(pattern="M*-")
+    teachers = Teachers(model_factory)
+    batches = make(model, teachers, off_policy=False, group_size=4)
+    probe = make(model, teachers, off_policy=False, group_size=4)
+
+    def kl() -> float:
+        probe.generator.sync_weights(model.state_dict())
+        values = []
+        for step in range(1, 4):
+            values.append(probe._collect(step, with_old=False).metrics["distill/reverse_kl"])
+        return sum(values) / len(values)
+
+    before = kl()
+    trainer = Trainer(model, _cfg(40, lr=1e-3), batches, GRPOObjective(GRPOConfig()), tmp_path, "distill", None, "h",
+                      progress=False)
+    trainer.fit()
+    after = kl()
+    assert before > 0.5 and after < 0.85 * before, (before, after)
