@@ -33,6 +33,8 @@ def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out += _suite_problems(r, "stages.pretrain", pre)
     out += _sft_problems(r) if r.stages.sft else []
     out += _rl_problems(r) if r.stages.rl else []
+    out += _distill_problems(r) if r.stages.distill else []
+    out += _suite_problems(r, "stages.distill", r.stages.distill)
     out += _merge_problems(r)
     out += _suite_problems(r, "stages.merge", r.stages.merge)
     return out + _preset_problems(r.model)
@@ -163,6 +165,50 @@ def _rl_problems(r: Recipe) -> list[tuple[str, str, str]]:
         if share <= 0:
             out.append((f"stages.rl.domains.{domain}", f"a domain's share must be > 0, got {share}",
                         f"stages.rl.domains.{domain}"))
+    return out
+
+
+def _distill_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Prompt rows, the stages the student and the teachers come from, and each `rl` teacher's
+    block (the recipe's stages.rl with its overrides) validated as an RL block."""
+    from flows.distill_schema import teacher_rl_block
+    from flows.recipe_schema import STAGE_ORDER
+
+    d, at = r.stages.distill, "stages.distill"
+    out = []
+    if d.data is None and r.stages.rl is None:
+        out.append((f"{at}.data", "required without a stages.rl block (the prompts default to stages.rl.data)", at))
+    for i, src in enumerate(d.data.sources if d.data else []):
+        here = f"{at}.data.sources[{i}]"
+        out += _world_path_problems(f"{here}.path", src.path, d.data.world is not None, f"{at}.data", "RL",
+                                    RL_WORLD_FILES, "rl_eval.jsonl", training=True)
+    earlier = STAGE_ORDER[:STAGE_ORDER.index("distill")]
+
+    def stage_ref(path: str, name: str) -> None:
+        if name in STAGE_ORDER and (name not in earlier or getattr(r.stages, name, None) is None):
+            why = (f"stage {name!r} must be a stage of this recipe that runs before distill "
+                   f"(present: {', '.join(s for s in earlier if getattr(r.stages, s, None) is not None)})")
+            out.append((path, why, path))
+
+    if d.student is not None:
+        stage_ref(f"{at}.student", d.student)
+    for i, t in enumerate(d.teachers):
+        here = f"{at}.teachers[{i}]"
+        if t.stage is not None:
+            if t.stage not in STAGE_ORDER:
+                why = f"unknown stage {t.stage!r}{did_you_mean(t.stage, STAGE_ORDER)}"
+                out.append((f"{here}.stage", why, f"{here}.stage"))
+            else:
+                stage_ref(f"{here}.stage", t.stage)
+        if t.rl is not None:
+            try:
+                teacher_rl_block(t, r.stages.rl)
+            except ValidationError as e:
+                for err in e.errors():
+                    loc = ".".join(str(p) for p in err["loc"])
+                    out.append((f"{here}.rl.{loc}" if loc else f"{here}.rl", err["msg"], f"{here}.rl"))
+            except ValueError as e:
+                out.append((f"{here}.rl", str(e), f"{here}.rl"))
     return out
 
 

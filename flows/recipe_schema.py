@@ -20,6 +20,7 @@ from data.sft_config import SFTBlend, SFTDataConfig
 from eval.gates import GateConfig
 from flows.recipe_checks import cross_problems
 from flows.recipe_errors import RecipeError, did_you_mean
+from flows.distill_schema import DistillStage
 from flows.rl_schema import RLStage
 from flows.stage_schemas import LongContextStage, MergeStage
 from model.config import LoRAConfig, ModelConfig, TrainConfig
@@ -103,6 +104,8 @@ class StagesConfig(_Config):
     """Supervised fine-tuning on curated, packed conversations (after pretraining)."""
     rl: RLStage | None = None
     """GRPO on verifiable rewards (difficulty filter, Gaussian curriculum, masked IS, one-step off-policy)."""
+    distill: DistillStage | None = None
+    """Multi-teacher on-policy distillation: the student samples, per-domain teachers score its tokens."""
 
 
 class Recipe(_Config):

@@ -25,6 +25,7 @@ the single temperature-0 answer, as SFT's held-out exact match reads it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow
@@ -53,6 +54,11 @@ class RLInputs(BaseModel):
     stage: RLStage
     model_from: str | None = None
     world_entities: int = WORLD_ENTITIES
+    name: str = STAGE
+    """The stage's name (MLflow run, step directory, checkpoint alias): another name when the RL
+    machinery trains a distillation teacher (flows/distill.py)."""
+    only_domains: list[str] | None = None
+    """Train on the rows of these domains only (a per-domain teacher); None: every source's rows."""
 
 
 def select(recipe: Recipe) -> RLInputs | None:
@@ -70,7 +76,10 @@ RL_VERSION = 2
 def rl_spec(block: RLInputs, seed: int) -> dict:
     """What determines the stage's outcome besides its inputs' hashes (rows, start checkpoint)."""
     # where a vLLM server listens says nothing about the weights: not hashed
-    return {"stage": block.stage.model_dump(exclude={"vllm_url"}), "seed": seed, "version": RL_VERSION}
+    spec = {"stage": block.stage.model_dump(exclude={"vllm_url"}), "seed": seed, "version": RL_VERSION}
+    if block.only_domains is not None:
+        spec["only_domains"] = sorted(block.only_domains)
+    return spec
 
 
 @flow(name="rl")
@@ -79,25 +88,50 @@ def rl_flow(ctx: StageContext, block: RLInputs, upstream: Upstream | None = None
     log = run_logger()
     cfg, tracker = block.stage, ctx.tracker
     start_from = start_checkpoint(upstream or Upstream(), block.model_from)
-    with stage_run(ctx, STAGE, {"stagewise.start_checkpoint": start_from}) as run_id:
-        data = cfg.data
-        world_dir = None
-        if data.world is not None:
-            world_dir = value_of(rl_world_task(data.world, data.world.entities or block.world_entities, ctx.seed,
-                                               ctx.workdir))
-        paths = [resolve(s.path, ctx.base_dir, world_dir) for s in data.sources]
-        train_rows = [r for s, p in zip(data.sources, paths)
-                      for r in load_tasks(p, s.name, s.domain, s.environment, s.on_bad_line)]
-        heldout = data.heldout or ("@world/rl_eval.jsonl" if world_dir else None)
-        heldout_path = resolve(heldout, ctx.base_dir, world_dir) if heldout else None
-        heldout_rows = load_tasks(heldout_path, "heldout", None, None) if heldout_path else []
-        inputs = [checkpoint_hash(start_from), *(file_hash(p) for p in paths),
-                  file_hash(heldout_path) if heldout_path else "-"]
-        out_dir = step_dir(ctx.stages_root, STAGE, rl_spec(block, ctx.seed), inputs)
-        reused = reused_result(ctx, STAGE, run_id, out_dir)
+    name = block.name
+    with stage_run(ctx, name, {"stagewise.start_checkpoint": start_from}) as run_id:
+        rows = stage_rows(ctx, cfg.data, block.world_entities, block.only_domains, name)
+        train_rows, heldout_rows = rows.train, rows.heldout
+        inputs = [checkpoint_hash(start_from), *rows.hashes()]
+        out_dir = step_dir(ctx.stages_root, name, rl_spec(block, ctx.seed), inputs)
+        reused = reused_result(ctx, name, run_id, out_dir)
         if reused is not None:
             return reused
         return _train(ctx, block, start_from, train_rows, heldout_rows, out_dir, run_id, log)
+
+
+@dataclass(frozen=True)
+class StageRows:
+    """The task rows a stage reads (RL, or distillation's prompts), and their files."""
+
+    train: list
+    heldout: list
+    paths: list[Path]
+    heldout_path: Path | None
+
+    def hashes(self) -> list[str]:
+        """The rows' content as step inputs."""
+        return [*(file_hash(p) for p in self.paths), file_hash(self.heldout_path) if self.heldout_path else "-"]
+
+
+def stage_rows(ctx: StageContext, data, world_entities: int, only_domains: list[str] | None, name: str) -> StageRows:
+    """Training and held-out rows of an RLData block (the demo world written first when asked),
+    training rows narrowed to `only_domains` when given."""
+    world_dir = None
+    if data.world is not None:
+        world_dir = value_of(rl_world_task(data.world, data.world.entities or world_entities, ctx.seed, ctx.workdir))
+    paths = [resolve(s.path, ctx.base_dir, world_dir) for s in data.sources]
+    train = [r for s, p in zip(data.sources, paths)
+             for r in load_tasks(p, s.name, s.domain, s.environment, s.on_bad_line)
+             if only_domains is None or r.domain in only_domains]
+    if not train:
+        from data.errors import BadInput
+
+        raise BadInput(f"{name}: no training rows in domain(s) {', '.join(only_domains or [])}")
+    heldout = data.heldout or ("@world/rl_eval.jsonl" if world_dir else None)
+    heldout_path = resolve(heldout, ctx.base_dir, world_dir) if heldout else None
+    heldout_rows = load_tasks(heldout_path, "heldout", None, None) if heldout_path else []
+    return StageRows(train, heldout_rows, paths, heldout_path)
 
 
 def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, heldout_rows, out_dir: Path, run_id: str,
@@ -156,7 +190,7 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
         rates = {i: 0.5 for i in train_ids}
         kept, counts = train_ids, {"kept": len(train_ids)}
     tracker.log_metrics(run_id, [(0, 0, {f"rl/filter/{k}": float(v) for k, v in counts.items()})])
-    log.info("rl: %d of %d training prompts kept by the difficulty filter (%s)", len(kept), len(train_ids),
+    log.info("%s: %d of %d training prompts kept by the difficulty filter (%s)", block.name, len(kept), len(train_ids),
              ", ".join(f"{k} {v}" for k, v in counts.items()))
 
     heldout_ids = [r.id for r in heldout_rows]
@@ -165,7 +199,7 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
         tracker, run_id, at)) if heldout_ids else {}
     generator.sync_weights(policy.state_dict())
     before = evaluate((0, 0))
-    _say_heldout(log, "before", before)
+    _say_heldout(log, block.name, "before", before)
 
     by_domain: dict[str, list[tuple[str, float]]] = {}
     for i in kept:
@@ -181,8 +215,8 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
                              seed_for(ctx.seed, "reprofile", step))
         fresh = {i: sum(v) / len(v) for i, v in results.items()}
         sampler.update(fresh)
-        log.info("rl: step %d: the training reward stalled; re-profiled %d prompts (mean pass rate %.3f)", step,
-                 len(fresh), sum(fresh.values()) / max(len(fresh), 1))
+        log.info("%s: step %d: the training reward stalled; re-profiled %d prompts (mean pass rate %.3f)", block.name,
+                 step, len(fresh), sum(fresh.values()) / max(len(fresh), 1))
 
     reference = None
     if cfg.grpo.kl_coeff > 0:  # the KL anchor: the stage's starting weights, frozen
@@ -202,20 +236,20 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
         precision=ctx.runtime.precision_for(cfg.precision), lb_loss_coeff=0.0,
         checkpoint_every_tokens=cfg.checkpoint_every_steps * seq_length * rows_per_step
         if cfg.checkpoint_every_steps else None, monitor=cfg.monitor)
-    trainer = Trainer(policy, train_cfg, batches, GRPOObjective(cfg.grpo), out_dir, stage=STAGE,
+    trainer = Trainer(policy, train_cfg, batches, GRPOObjective(cfg.grpo), out_dir, stage=block.name,
                       tokenizer_dir=start_from, recipe_hash=ctx.recipe_hash, log=rl_metric_log(tracker, run_id),
                       device=device, parent=start_from)
     resume = resume_point(out_dir, ctx.resume)
     ckpt = value_of(rl_train_task(trainer, batches, resume.path if resume else None, tracker, run_id))
     generator.sync_weights(policy.state_dict())
     after = evaluate((ckpt.step, ckpt.tokens_seen))
-    _say_heldout(log, "after", after)
+    _say_heldout(log, block.name, "after", after)
     deltas = {f"rl/heldout/{k.split('/', 2)[2]}_delta": after[k] - before[k] for k in before if k in after}
     tracker.log_metrics(run_id, [(ckpt.step, ckpt.tokens_seen, deltas)])
     _report(tracker, run_id, before, after)
     summary = StageSummary(metric=TARGET, before=before.get(TARGET), after=after.get(TARGET), higher_is_better=True,
                            tokens=batches.trained_tokens)
-    result = StageResult(stage=STAGE, parent=start_from, checkpoint=ckpt.path, run_id=run_id,
+    result = StageResult(stage=block.name, parent=start_from, checkpoint=ckpt.path, run_id=run_id,
                          metrics={**after, **{f"base/{k}": v for k, v in before.items()}, **deltas},
                          stage_dir=str(out_dir), summary=summary)
     return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))
@@ -229,9 +263,9 @@ def backend_problem(backend: str, device: str) -> str | None:
     return None
 
 
-def _say_heldout(log, when: str, metrics: dict[str, float]) -> None:
+def _say_heldout(log, name: str, when: str, metrics: dict[str, float]) -> None:
     if metrics:
-        log.info("rl: held-out %s: %s", when, ", ".join(f"{k.removeprefix('rl/heldout/')} {v:.3f}"
+        log.info("%s: held-out %s: %s", name, when, ", ".join(f"{k.removeprefix('rl/heldout/')} {v:.3f}"
                                                         for k, v in sorted(metrics.items())))
 
 

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from model.objectives.distill import distill_advantages, reverse_kl
+from model.objectives.distill import distill_advantages, reverse_kl, scored
 from model.objectives.grpo import RolloutBatch
 from model.rl_batches import Prompt, RolloutBatches, SamplingSettings, Sampler, Score, seed_for
 from model.rollout import Generator, Rollout
@@ -49,7 +49,8 @@ class DistillBatches(RolloutBatches):
         sampled = self.generator.generate([list(p.ids) for p in chosen], s.group_size, s.max_new_tokens,
                                           s.temperature, seed_for(self.seed, "rollout", step, 0))
         rollout_s = time.perf_counter() - started
-        groups = [(p, g, self.score(p, g) if self.scored else {"total": [0.0] * len(g)}) for p, g in zip(chosen, sampled)]
+        groups = [(p, g, self.score(p, g) if self.scored else {"total": [0.0] * len(g)})
+                  for p, g in zip(chosen, sampled)]
         batch = self._tensors(groups)  # advantages replaced below: per token, from the teachers
         width = batch["input_ids"].shape[1]
         domains = [p.domain for p, g, _ in groups for _ in g]
@@ -61,7 +62,7 @@ class DistillBatches(RolloutBatches):
         for row, lp in enumerate(scored):
             teacher[row, :len(lp)] = lp.float()
         mask = batch["response_mask"]
-        teacher = teacher * mask
+        teacher = torch.where(mask > 0, teacher, torch.zeros_like(teacher))  # keeps NaN / -9999 where unscored
         batch["advantages"] = distill_advantages(teacher, batch["rollout_logprobs"], mask, self.discount)
         if with_old and s.recompute_old_logprobs and len(batch["input_ids"]):  # under the weights that sampled
             batch["old_logprobs"] = self.generator.token_logprobs(batch["input_ids"], s.temperature) * mask
@@ -77,11 +78,14 @@ class DistillBatches(RolloutBatches):
                          teacher_s: float) -> dict[str, float]:
         """Per domain: reverse KL per token, the teacher - student log-prob gap per response, and
         (with a score) the student's training accuracy; plus lengths and throughput."""
-        out: dict[str, float] = {"distill/reverse_kl": reverse_kl(teacher, student, mask)}
+        unscored = ((mask > 0) & ~scored(teacher)).sum() / mask.sum().clamp(min=1)
+        out: dict[str, float] = {"distill/reverse_kl": reverse_kl(teacher, student, mask),
+                                 "distill/unscored_fraction": float(unscored)}
         for domain in sorted(set(domains)):
             rows = torch.tensor([d == domain for d in domains])
             out[f"distill/reverse_kl/{domain}"] = reverse_kl(teacher[rows], student[rows], mask[rows])
-            gap = ((teacher[rows] - student[rows]) * mask[rows]).sum(-1)
+            on = (mask[rows] > 0) & scored(teacher[rows])
+            gap = torch.where(on, teacher[rows] - student[rows], torch.zeros_like(student[rows])).sum(-1)
             out[f"distill/logprob_gap/{domain}"] = float(gap.mean()) if len(gap) else 0.0
         if self.scored:
             per: dict[str, list[float]] = {}

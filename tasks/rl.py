@@ -169,16 +169,18 @@ def _log_profile(rates: dict[str, float], wiring: RLWiring, samples: int, tracke
 
 @task(**once("rl-heldout"))
 def heldout_eval_task(generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
-                      temperature: float, seed: int, tracker: Tracker, run_id: str, at: tuple[int, int]) -> dict[str, float]:
-    """pass@1 and greedy accuracy per domain on the held-out prompts, logged at `at` = (step, tokens)."""
+                      temperature: float, seed: int, tracker: Tracker, run_id: str, at: tuple[int, int],
+                      prefix: str = "rl/heldout") -> dict[str, float]:
+    """pass@1 and greedy accuracy per domain on the held-out prompts, logged as `<prefix>/pass_at_1/<domain>`
+    and `<prefix>/greedy/<domain>` at `at` = (step, tokens)."""
     from model.rl_batches import pass_rates
 
     prompts = [wiring.prompts[i] for i in ids]
     sampled = by_domain(pass_rates(generator, prompts, wiring.score, samples, max_new_tokens, temperature, seed),
                         wiring)
     greedy = by_domain(pass_rates(generator, prompts, wiring.score, 1, max_new_tokens, 0.0, seed), wiring)
-    metrics = {f"rl/heldout/pass_at_1/{d}": v for d, v in sampled.items()}
-    metrics |= {f"rl/heldout/greedy/{d}": v for d, v in greedy.items()}
+    metrics = {f"{prefix}/pass_at_1/{d}": v for d, v in sampled.items()}
+    metrics |= {f"{prefix}/greedy/{d}": v for d, v in greedy.items()}
     tracker.log_metrics(run_id, [(at[0], at[1], metrics)])
     return metrics
 
@@ -202,12 +204,12 @@ def rl_train_task(trainer, batches, resume_from: str | None, tracker: Tracker, r
                          sha256=meta.weight_sha256 or "")
 
 
-def rl_metric_log(tracker: Tracker, run_id: str):
-    """The engine's log callback: RL's own objective values renamed from train/<x> to rl/<x>."""
+def rl_metric_log(tracker: Tracker, run_id: str, prefix: str = "rl"):
+    """The engine's log callback: RL's own objective values renamed from train/<x> to <prefix>/<x>."""
     def log(records: list[tuple[int, int, dict[str, float]]]) -> None:
         renamed = []
         for step, tokens, metrics in records:
-            renamed.append((step, tokens, {(f"rl/{k[6:]}" if k.startswith("train/") and k[6:] in RL_OBJECTIVE_METRICS
+            renamed.append((step, tokens, {(f"{prefix}/{k[6:]}" if k.startswith("train/") and k[6:] in RL_OBJECTIVE_METRICS
                                             else k): v for k, v in metrics.items()}))
         tracker.log_metrics(run_id, renamed)
     return log

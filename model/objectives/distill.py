@@ -24,15 +24,28 @@ from __future__ import annotations
 import torch
 
 
+UNSCORED_BELOW = -1e3
+"""A teacher log-prob below this (or not finite) is no score: vLLM answers -9999 for a token its
+model gives probability 0 (and NaN marks a token it did not return). Such a token gets
+advantage 0 (no signal) instead of an advantage of thousands that would swamp the step."""
+
+
+def scored(teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """Where the teacher gave a usable log-prob (bool, the shape of its input)."""
+    return torch.isfinite(teacher_logprobs) & (teacher_logprobs > UNSCORED_BELOW)
+
+
 def distill_advantages(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, mask: torch.Tensor,
                        discount: float = 0.0) -> torch.Tensor:
-    """Per-token advantages [n, L-1] (0 outside `mask`) from teacher and student log-probs of the
-    sampled tokens, both [n, L-1]; with `discount` γ > 0 each token also gets the discounted sum of
-    the later tokens' d (within its own response: masked positions contribute nothing)."""
+    """Per-token advantages [n, L-1] (0 outside `mask` and where the teacher gave no score) from
+    teacher and student log-probs of the sampled tokens, both [n, L-1]; with `discount` γ > 0 each
+    token also gets the discounted sum of the later tokens' d (within its own response: masked
+    positions contribute nothing)."""
     if not 0.0 <= discount <= 1.0:
         raise ValueError(f"discount must be in [0, 1], got {discount}")
-    on = mask > 0
-    d = torch.where(on, teacher_logprobs.float() - student_logprobs.float(), torch.zeros_like(mask, dtype=torch.float32))
+    on = (mask > 0) & scored(teacher_logprobs)
+    zero = torch.zeros_like(mask, dtype=torch.float32)
+    d = torch.where(on, teacher_logprobs.float() - student_logprobs.float(), zero)
     if discount == 0.0:
         return d
     out = torch.zeros_like(d)
@@ -44,12 +57,12 @@ def distill_advantages(teacher_logprobs: torch.Tensor, student_logprobs: torch.T
 
 
 def reverse_kl(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean over response tokens of log π_S(y) - log π_T(y): the sampled estimate of KL(π_S || π_T)."""
-    on = mask > 0
+    """Mean over scored response tokens of log π_S(y) - log π_T(y): the sampled estimate of KL(π_S || π_T)."""
+    on = (mask > 0) & scored(teacher_logprobs)
     n = int(on.sum())
     if n == 0:
         return 0.0
     return float((student_logprobs.float() - teacher_logprobs.float())[on].sum() / n)
 
 
-__all__ = ["distill_advantages", "reverse_kl"]
+__all__ = ["UNSCORED_BELOW", "distill_advantages", "reverse_kl", "scored"]

@@ -27,7 +27,8 @@ def test_a_discount_adds_the_later_tokens_of_the_same_response():
     # row 0: d = [1.5, 0, 0.5] -> [1.5 + 0.5 * 0 + 0.25 * 0.5, 0 + 0.5 * 0.5, 0.5]
     assert adv[0].tolist() == pytest.approx([0.0, 1.625, 0.25, 0.5])
     assert adv[1].tolist() == pytest.approx([0.0, 0.0, -2.0, 0.0])
-    assert torch.equal(distill_advantages(TEACHER, STUDENT, MASK, discount=0.0), distill_advantages(TEACHER, STUDENT, MASK))
+    plain = distill_advantages(TEACHER, STUDENT, MASK)
+    assert torch.equal(distill_advantages(TEACHER, STUDENT, MASK, discount=0.0), plain)
     with pytest.raises(ValueError, match="discount"):
         distill_advantages(TEACHER, STUDENT, MASK, discount=1.5)
 
@@ -73,3 +74,11 @@ def test_a_per_token_advantage_of_the_wrong_shape_is_refused(tiny_model):
     batch["advantages"] = batch["advantages"][:, :-1]
     with pytest.raises(ValueError, match="advantages must be"):
         batch.validate()
+
+
+def test_a_token_the_teacher_could_not_score_carries_no_signal():
+    teacher = TEACHER.clone()
+    teacher[0, 1], teacher[0, 3] = -9999.0, float("nan")  # vLLM's answer for probability 0; a missing token
+    adv = distill_advantages(teacher, STUDENT, MASK, discount=0.5)
+    assert torch.isfinite(adv).all() and adv[0].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert reverse_kl(teacher, STUDENT, MASK) == pytest.approx((0 + 2) / 2)  # the two scored tokens only

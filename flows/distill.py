@@ -1,0 +1,377 @@
+"""The distillation stage as a Prefect flow: multi-teacher on-policy distillation (MOPD).
+
+    distill_flow
+      ├─ teachers (per round)   a checkpoint, an earlier stage's output, or an RL run trained here
+      │                         from the student's start on the teacher's domains (a nested `rl`
+      │                         flow: its own MLflow run distill-teacher-<name>, its own step)
+      ├─ tokenizer check        teachers and student must tokenize alike (exit 2 naming the files)
+      ├─ held-out before        student pass@1 per domain; each teacher on its own domains
+      ├─ distill/round-<r>      the student samples, each sample's teacher scores its tokens, the
+      │                         engine trains GRPO's loss on per-token advantages log π_T - log π_S
+      │                         (model/distill_batches.py); one-step off-policy, exact resume
+      └─ held-out after         student pass@1, the share of each teacher's gain recovered, and the
+                                eval suite's retention
+
+MLflow: a run `distill` with `distill/heldout/student/pass_at_1/<domain>` (step 0 = the start,
+step r = after round r), `distill/heldout/teacher/pass_at_1/<domain>` (step r: round r's
+teachers), `distill/recovered/<domain>`, `distill/chat/...` and `distill/retained`; a nested
+run per round with per-step `distill/reverse_kl/<domain>`, `distill/logprob_gap/<domain>`,
+`distill/train_accuracy/<domain>`, the clip and masked-IS fractions, tokens/s. Every round and
+every teacher is a content-addressed step: an unchanged recipe reuses them. The final student
+is registered with the alias `distill`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from prefect import flow
+from pydantic import BaseModel
+
+from flows.distill_schema import DistillStage, TeacherSpec, teacher_rl_block
+from flows.recipe import Recipe
+from flows.rl import WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows
+from flows.rl_schema import RLData, RLStage
+from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
+                         stage_run, start_checkpoint)
+from tasks.policy import run_logger
+from tasks.refs import CheckpointRef, StageResult, StageSummary
+from tasks.steps import step_dir, value_of
+
+STAGE = "distill"
+TARGET = "distill/heldout/student/pass_at_1/all"
+DISTILL_VERSION = 1
+"""Bump when what the stage computes changes for the same recipe: finished steps then retrain."""
+
+
+class DistillInputs(BaseModel):
+    """What distillation reads from the recipe: its block, the RL block its `rl` teachers start
+    from, where to start without an upstream stage, the eval suites, the world's entity count."""
+
+    stage: DistillStage
+    data: RLData
+    """The prompts: the block's own data, else stages.rl's."""
+    rl: RLStage | None = None
+    model_from: str | None = None
+    suites: dict[str, list[str]] = {}
+    world_entities: int = WORLD_ENTITIES
+
+
+def select(recipe: Recipe) -> DistillInputs | None:
+    if recipe.stages.distill is None:
+        return None
+    world = recipe.data.world
+    d = recipe.stages.distill
+    return DistillInputs(stage=d, data=d.data or recipe.stages.rl.data, rl=recipe.stages.rl,
+                         model_from=recipe.model.from_,
+                         suites=recipe.eval, world_entities=world.facts if world else WORLD_ENTITIES)
+
+
+def student_start(block: DistillInputs, upstream: Upstream, base_dir: str) -> str:
+    """The student's first checkpoint: the one handed on, a named earlier stage's, or a directory."""
+    named = block.stage.student
+    if named is None:
+        return start_checkpoint(upstream, block.model_from)
+    result = upstream.of(named)
+    if result is not None:
+        return result.checkpoint
+    path = Path(named) if Path(named).is_absolute() else Path(base_dir) / named
+    if path.is_dir():
+        return str(path)
+    from data.errors import BadInput
+
+    raise BadInput(f"stages.distill.student: {named!r} is neither a stage that ran before distill in this run "
+                   f"nor a checkpoint directory (looked for {path})")
+
+
+@flow(name="distill")
+def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | None = None) -> StageResult:
+    """On-policy distillation of the student from per-domain teachers, per `stages.distill`."""
+    upstream = upstream or Upstream()
+    cfg, tracker, log = block.stage, ctx.tracker, run_logger()
+    start = student_start(block, upstream, ctx.base_dir)
+    with stage_run(ctx, STAGE, {"stagewise.start_checkpoint": start}) as run_id:
+        rows = stage_rows(ctx, block.data, block.world_entities, None, STAGE)
+        fixed = [_fixed_teacher(t, upstream, ctx.base_dir) for t in cfg.teachers if t.rl is None]
+        spec = {"stage": cfg.model_dump(exclude={"vllm_url", "data"}), "data": block.data.model_dump(),
+                "rl": block.rl.model_dump() if block.rl else None, "suite": block.suites.get(cfg.eval_suite or ""),
+                "seed": ctx.seed, "version": DISTILL_VERSION}
+        out_dir = step_dir(ctx.stages_root, STAGE, spec, [checkpoint_hash(start), *rows.hashes(),
+                                                          *(checkpoint_hash(p) for p in fixed)])
+        reused = reused_result(ctx, STAGE, run_id, out_dir)
+        if reused is not None:
+            return reused
+        teacher_ctx = ctx.model_copy(update={"parent_run_id": run_id})
+        evaluator = _Evaluator(ctx, block, rows, run_id)
+        student, before = start, evaluator.student(start, at=0)
+        first = before
+        round_results = []
+        for r in range(1, cfg.rounds + 1):
+            teachers = {t.name: _teacher(teacher_ctx, block, t, student, upstream, r) for t in cfg.teachers}
+            from data.tokenizer_match import check_same_tokenizer
+
+            check_same_tokenizer(student, teachers)
+            teacher_scores = evaluator.teachers(teachers, at=r)
+            ckpt = _round(ctx, block, r, student, teachers, rows, run_id)
+            after = evaluator.student(ckpt.path, at=r)
+            recovered = _recovered(before, after, teacher_scores, cfg)
+            tracker.log_metrics(run_id, [(r, 0, recovered)])
+            log.info("distill: round %d: %s", r, ", ".join(f"{k.removeprefix('distill/')} {v:.2f}"
+                                                          for k, v in sorted(recovered.items())) or "no teacher gain")
+            round_results.append((ckpt, teacher_scores, recovered))
+            student, before = ckpt.path, after
+        ckpt, teacher_scores, recovered = round_results[-1]
+        retention = evaluator.retention(start, ckpt.path, cfg.rounds)
+        final = {**before, **teacher_scores, **recovered, **retention}
+        summary = StageSummary(metric=TARGET, before=first.get(TARGET), after=before.get(TARGET),
+                               higher_is_better=True, tokens=ckpt.tokens_seen)
+        result = StageResult(stage=STAGE, parent=start, checkpoint=ckpt.path, run_id=run_id,
+                             metrics={**final, **{f"base/{k}": v for k, v in first.items()}}, stage_dir=str(out_dir),
+                             summary=summary)
+        _report(tracker, run_id, first, before, teacher_scores)
+        return finish(ctx, out_dir, result, final, at=(cfg.rounds, ckpt.tokens_seen))
+
+
+def _fixed_teacher(t: TeacherSpec, upstream: Upstream, base_dir: str) -> str:
+    """A checkpoint or stage teacher's directory (checked before any work)."""
+    from data.errors import BadInput
+
+    if t.stage is not None:
+        result = upstream.of(t.stage)
+        if result is None:
+            raise BadInput(f"stages.distill.teachers[{t.name}].stage: stage {t.stage!r} did not run before distill "
+                           "in this run (add it to --stages)")
+        return result.checkpoint
+    path = Path(t.checkpoint) if Path(t.checkpoint).is_absolute() else Path(base_dir) / t.checkpoint
+    if not (path / "config.json").is_file():
+        raise BadInput(f"stages.distill.teachers[{t.name}].checkpoint: {path} is not a checkpoint directory "
+                       "(no config.json)")
+    return str(path)
+
+
+def _teacher(ctx: StageContext, block: DistillInputs, t: TeacherSpec, student: str, upstream: Upstream,
+             round_: int) -> str:
+    """The teacher's checkpoint for this round: trained here (a nested RL flow) when it has an `rl` block."""
+    if t.rl is None:
+        return _fixed_teacher(t, upstream, ctx.base_dir)
+    name = f"{STAGE}-teacher-{t.name}" + (f"-round{round_}" if round_ > 1 else "")
+    inputs = RLInputs(stage=teacher_rl_block(t, block.rl), model_from=student, world_entities=block.world_entities,
+                      name=name, only_domains=t.domains)
+    return rl_flow.with_options(flow_run_name=name)(ctx, inputs, Upstream()).checkpoint
+
+
+class _Evaluator:
+    """Held-out pass@1 of the student and the teachers, and the eval suite's retention."""
+
+    def __init__(self, ctx: StageContext, block: DistillInputs, rows: StageRows, run_id: str):
+        from eval.heldout import round_robin
+
+        self.ctx, self.block, self.rows, self.run_id = ctx, block, rows, run_id
+        domains = {r.domain for r in rows.train}
+        self.heldout = round_robin([r for r in rows.heldout if r.domain in domains], lambda r: r.domain,
+                                   block.data.heldout_limit)
+        self.tokenizer, self.wired = None, None
+
+    def wiring(self, checkpoint: str):
+        """Prompts and verifiers, made once (every checkpoint here shares the student's tokenizer)."""
+        if self.wired is None:
+            from transformers import AutoTokenizer
+
+            from data.chat import install_chat_template
+            from tasks.rl import RLWiring
+
+            self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+            if not self.tokenizer.chat_template:
+                install_chat_template(self.tokenizer)
+            self.wired = RLWiring(self.tokenizer, self.rows.train + self.heldout, _accuracy_only(),
+                                  self.block.stage.reasoning)
+        return self.wired
+
+    def _score(self, checkpoint: str, ids: list[str], prefix: str, at: int) -> dict[str, float]:
+        from eval.heldout import end_ids
+        from model.build import load_model
+        from model.rollout.hf import HFGenerator
+        from tasks.rl import heldout_eval_task
+
+        if not ids:
+            return {}
+        cfg, wiring = self.block.stage, self.wiring(checkpoint)
+        model = load_model(checkpoint, device=self.ctx.runtime.device)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        generator = HFGenerator(model, end_ids(self.tokenizer), pad, device=self.ctx.runtime.device)
+        generator.sync_weights(model.state_dict())
+        ro = cfg.rollout
+        return value_of(heldout_eval_task(generator, wiring, ids, self.block.data.heldout_samples, ro.max_new_tokens,
+                                          ro.temperature, self.ctx.seed, self.ctx.tracker, self.run_id, (at, 0),
+                                          prefix=prefix))
+
+    def student(self, checkpoint: str, at: int) -> dict[str, float]:
+        return self._score(checkpoint, [r.id for r in self.heldout], "distill/heldout/student", at)
+
+    def teachers(self, teachers: dict[str, str], at: int) -> dict[str, float]:
+        """Each teacher on the held-out rows of its own domains."""
+        out: dict[str, float] = {}
+        for t in self.block.stage.teachers:
+            ids = [r.id for r in self.heldout if r.domain in t.domains]
+            scores = self._score(teachers[t.name], ids, f"distill/teacher/{t.name}", at)
+            out |= {f"distill/heldout/teacher/{k.split('/', 3)[3]}": v for k, v in scores.items()
+                    if not k.endswith("/all")}
+        if out:
+            self.ctx.tracker.log_metrics(self.run_id, [(at, 0, out)])
+        return out
+
+    def retention(self, start: str, final: str, at: int) -> dict[str, float]:
+        """The eval suite on the start and on the final student: per-score deltas and whether every
+        drop stays within retention_margin (distill/retained)."""
+        from tasks.evaluate import suite_task
+
+        cfg = self.block.stage
+        tasks = self.block.suites.get(cfg.eval_suite or "")
+        if not tasks:
+            return {}
+        dev = str(self.ctx.runtime.device)
+        score = lambda path, step, prefix: value_of(suite_task(  # noqa: E731
+            CheckpointRef(path=path, step=step, tokens_seen=0), tasks, cfg.eval_limit, self.ctx.tracker, self.run_id,
+            prefix=prefix, device=dev))
+        base, last = score(start, 0, "distill/chat/start"), score(final, at, "distill/chat/final")
+        final_of = lambda k: k.replace("/start/", "/final/")  # noqa: E731
+        deltas = {f"distill/chat/{k.removeprefix('distill/chat/start/')}_delta": last[final_of(k)] - v
+                  for k, v in base.items() if "stderr" not in k and final_of(k) in last}
+        worst = min(deltas.values(), default=0.0)
+        retained = float(worst >= -cfg.retention_margin)
+        if not retained:
+            run_logger().warning("distill: the %s suite dropped by %.3f (> retention_margin %.3f): %s", cfg.eval_suite,
+                                 -worst, cfg.retention_margin, deltas)
+        out = {**deltas, "distill/retained": retained, "distill/chat/worst_delta": worst}
+        self.ctx.tracker.log_metrics(self.run_id, [(at, 0, out)])
+        return out
+
+
+def _accuracy_only():
+    from eval.rewards import RewardConfig
+
+    return RewardConfig(accuracy=1.0)
+
+
+def _recovered(before: dict[str, float], after: dict[str, float], teachers: dict[str, float],
+               cfg: DistillStage) -> dict[str, float]:
+    """Per domain, the share of its teacher's held-out pass@1 gain over the round's start that the
+    student kept: (student after - before) / (teacher - before); no value where the teacher gained nothing."""
+    out = {}
+    for domain in cfg.routes():
+        key = f"distill/heldout/student/pass_at_1/{domain}"
+        teacher = teachers.get(f"distill/heldout/teacher/pass_at_1/{domain}")
+        if key in before and key in after and teacher is not None:
+            out[f"distill/teacher_gain/{domain}"] = teacher - before[key]
+            if teacher - before[key] > 0:
+                out[f"distill/recovered/{domain}"] = (after[key] - before[key]) / (teacher - before[key])
+    return out
+
+
+def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teachers: dict[str, str], rows: StageRows,
+           parent_run_id: str) -> CheckpointRef:
+    """One round: distil the teachers into the student; its own step and nested MLflow run."""
+    cfg = block.stage
+    name = f"{STAGE}/round-{r}"
+    not_trained = {"vllm_url", "rounds", "eval_suite", "eval_limit", "retention_margin", "data"}
+    spec = {"stage": cfg.model_dump(exclude=not_trained),
+            "data": block.data.model_dump(), "seed": ctx.seed, "version": DISTILL_VERSION}
+    out_dir = step_dir(ctx.stages_root, f"{STAGE}-round", spec,
+                       [checkpoint_hash(student), *rows.hashes(),
+                        *(f"{k}={checkpoint_hash(v)}" for k, v in sorted(teachers.items()))])
+    round_ctx = ctx.model_copy(update={"parent_run_id": parent_run_id})
+    with stage_run(round_ctx, name, {"stagewise.start_checkpoint": student}) as run_id:
+        reused = reused_result(round_ctx, name, run_id, out_dir)
+        if reused is not None:
+            from model.checkpoint import read_meta
+
+            meta = read_meta(reused.checkpoint)
+            return CheckpointRef(path=reused.checkpoint, step=meta.step, tokens_seen=meta.tokens_seen,
+                                 sha256=meta.weight_sha256 or "")
+        ckpt = _train_round(round_ctx, block, student, teachers, rows, out_dir, run_id)
+        result = StageResult(stage=f"{STAGE}-round-{r}", parent=student, checkpoint=ckpt.path, run_id=run_id,
+                             stage_dir=str(out_dir))
+        finish(round_ctx, out_dir, result, at=(ckpt.step, ckpt.tokens_seen))
+        return ckpt
+
+
+def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers: dict[str, str], rows: StageRows,
+                 out_dir: Path, run_id: str) -> CheckpointRef:
+    from transformers import AutoTokenizer
+
+    from data.chat import install_chat_template
+    from data.errors import BadInput
+    from data.rl_sampler import CurriculumSampler
+    from eval.heldout import end_ids
+    from model.build import load_model
+    from model.config import TrainConfig
+    from model.distill_batches import DistillBatches
+    from model.engine import Trainer
+    from model.objectives.grpo import GRPOObjective
+    from model.rollout import make_generator
+    from model.teachers import TeacherRouter, make_teacher
+    from tasks.rl import RLWiring, rl_metric_log, rl_train_task
+
+    cfg, device = block.stage, ctx.runtime.device
+    refused = backend_problem(cfg.backend, str(device))
+    if refused:
+        raise BadInput(refused.replace("stages.rl.backend", "stages.distill.backend"))
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    if not tokenizer.chat_template:
+        install_chat_template(tokenizer)
+    wiring = RLWiring(tokenizer, rows.train, _accuracy_only(), cfg.reasoning)
+    routes = cfg.routes()
+    unrouted = sorted({r.domain for r in rows.train} - set(routes))
+    if unrouted and cfg.default_teacher is None:
+        raise BadInput(f"stages.distill.teachers: no teacher covers domain(s) {', '.join(unrouted)} "
+                       "(list them under a teacher's domains or set default_teacher)")
+    policy = load_model(student, device=device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    options = {"hf": {"device": device}, "hf-process": {"threads": cfg.worker_threads},
+               "vllm": {"url": cfg.vllm_url}}[cfg.backend]
+    generator = make_generator(cfg.backend, policy, end_ids(tokenizer), pad_id, **options)
+    urls = {t.name: t.url for t in cfg.teachers}
+    router = TeacherRouter({name: make_teacher(cfg.teacher_backend, name, path=path, url=urls[name], device=str(device))
+                            for name, path in teachers.items()}, routes, cfg.default_teacher)
+    try:
+        by_domain: dict[str, list[tuple[str, float]]] = {}
+        for r in rows.train:
+            by_domain.setdefault(r.domain, []).append((r.id, 0.5))
+        ratios = cfg.domains or {d: 1.0 for d in sorted(by_domain)}
+        sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps, None, ctx.seed)
+        batches = DistillBatches(policy, generator, wiring.prompts, sampler, router.score, cfg.rollout, ctx.seed,
+                                 pad_id, discount=cfg.discount, score=wiring.score)
+        ro = cfg.rollout
+        seq_length = max(len(p.ids) for p in wiring.prompts.values()) + ro.max_new_tokens
+        rows_per_step = cfg.prompts_per_step * ro.group_size
+        train_cfg = TrainConfig(
+            tokens=cfg.steps * seq_length * rows_per_step, seq_length=seq_length, global_batch=rows_per_step,
+            micro_batch=math.gcd(rows_per_step, cfg.micro_batch), optimizer=cfg.optimizer, schedule=cfg.schedule,
+            precision=ctx.runtime.precision_for(cfg.precision), lb_loss_coeff=0.0,
+            checkpoint_every_tokens=cfg.checkpoint_every_steps * seq_length * rows_per_step
+            if cfg.checkpoint_every_steps else None, monitor=cfg.monitor)
+        trainer = Trainer(policy, train_cfg, batches, GRPOObjective(cfg.loss), out_dir, stage=STAGE,
+                          tokenizer_dir=student, recipe_hash=ctx.recipe_hash,
+                          log=rl_metric_log(ctx.tracker, run_id, prefix=STAGE), device=device, parent=student)
+        resume = resume_point(out_dir, ctx.resume)
+        return value_of(rl_train_task(trainer, batches, resume.path if resume else None, ctx.tracker, run_id))
+    finally:
+        router.close()
+        getattr(generator, "close", lambda: None)()
+
+
+def _report(tracker, run_id: str, before: dict[str, float], after: dict[str, float],
+            teachers: dict[str, float]) -> None:
+    """Student before/after and each teacher, per domain (JSON + PNG)."""
+    if not before:
+        return
+    from eval.plots import before_after_plot
+
+    table = {k: {"start": before[k], "distilled": after.get(k),
+                 "teacher": teachers.get(k.replace("/student/", "/teacher/"))} for k in before}
+    tracker.log_json(run_id, table, "reports/distill_before_after.json")
+    tracker.log_figure(run_id, before_after_plot(before, after, "Distillation: held-out pass@1 and greedy accuracy"),
+                       "reports/distill_before_after.png")
+
+
+STAGE_ENTRY = Stage(name=STAGE, flow=distill_flow, select=select, start="handed_on")

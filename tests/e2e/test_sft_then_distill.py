@@ -1,0 +1,109 @@
+"""End to end: sft -> distill in one `stagewise run recipes/tiny.yaml --stages pretrain,sft,distill`.
+
+Pretraining and SFT are the session's (tests/e2e/conftest.py: the SFT test's settings, so the
+run finds both finished and trains nothing there). The stage is the recipe's block as the demo
+runs it: two RL teachers trained inside the stage from SFT's checkpoint (arithmetic only, format
+only), then the student (SFT's checkpoint) distilled from both. Checks what a user relies on: the
+teachers start where the student does, each teacher's run and each round's run sit under the
+`distill` run in MLflow with their metrics, held-out pass@1 of the student and of every teacher is
+logged, the `distill` alias and the closing-table row exist, and the student gains. A second,
+short run with `rounds: 2` retrains the teachers from round 1's student.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def distill_run(tiny_pretrain, cli):
+    proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft,distill",
+               *cli.sets(*tiny_pretrain.sets, *cli.sft_sets), "--json")
+    summary = cli.summary(proc)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=summary["tracking_uri"], registry_uri=summary["tracking_uri"])
+    runs = client.search_runs([client.get_experiment_by_name(summary["experiment"]).experiment_id])
+    return summary, client, runs
+
+
+def _one(runs, name):
+    found = [r for r in runs if r.info.run_name == name]
+    assert found, sorted(r.info.run_name for r in runs)
+    return max(found, key=lambda r: r.info.start_time)
+
+
+def _history(client, run, name):
+    return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step)]
+
+
+@pytest.mark.slow
+def test_teachers_are_trained_from_the_students_start_under_the_distill_run(distill_run):
+    summary, client, runs = distill_run
+    assert [s["stage"] for s in summary["stages"]] == ["pretrain", "sft", "distill"]
+    sft = summary["stages"][1]
+    distill = _one(runs, "distill")
+    assert distill.data.tags["stagewise.start_checkpoint"] == sft["checkpoint"]
+    for domain in ("arithmetic", "format"):
+        teacher = _one(runs, f"distill-teacher-{domain}")
+        assert teacher.data.tags["stagewise.start_checkpoint"] == sft["checkpoint"]
+        assert teacher.data.tags["mlflow.parentRunId"] == distill.info.run_id
+        # trained on its own domain only: its held-out evaluation covers nothing else
+        assert {k for k in teacher.data.metrics if k.startswith("rl/heldout/pass_at_1/")} == \
+            {f"rl/heldout/pass_at_1/{domain}", "rl/heldout/pass_at_1/all"}
+    round1 = _one(runs, "distill/round-1")
+    assert round1.data.tags["mlflow.parentRunId"] == distill.info.run_id
+    steps = len(_history(client, round1, "distill/reverse_kl"))
+    assert steps > 0
+    for name in ("distill/reverse_kl/arithmetic", "distill/reverse_kl/format", "distill/logprob_gap/format",
+                 "distill/train_accuracy/arithmetic", "distill/clip_fraction", "distill/is_masked_fraction",
+                 "distill/rollout_tokens_per_s", "distill/teacher_tokens_per_s", "train/tokens_per_s"):
+        assert [s for s, _ in _history(client, round1, name)] == list(range(1, steps + 1)), name
+    version = client.get_model_version_by_alias(summary["experiment"], "distill")
+    assert version.tags["stagewise.checkpoint"].endswith(f"step-{steps:08d}")
+
+
+@pytest.mark.slow
+def test_the_student_gains_what_its_teachers_gained(distill_run):
+    summary, client, runs = distill_run
+    m = summary["stages"][2]["metrics"]
+    print("distill " + ", ".join(
+        f"{d}: student {m[f'base/distill/heldout/student/pass_at_1/{d}']:.3f} -> "
+        f"{m[f'distill/heldout/student/pass_at_1/{d}']:.3f}, teacher {m[f'distill/heldout/teacher/pass_at_1/{d}']:.3f}"
+        for d in ("arithmetic", "format")))
+    for d in ("arithmetic", "format"):
+        assert m[f"distill/teacher_gain/{d}"] > 0, m  # the RL teacher beats the student's start on its domain
+        assert f"distill/recovered/{d}" in m
+    assert m["distill/heldout/student/pass_at_1/all"] > m["base/distill/heldout/student/pass_at_1/all"], m
+    distill = _one(runs, "distill")
+    assert [s for s, _ in _history(client, distill, "distill/heldout/student/pass_at_1/all")] == [0, 1]
+    assert m["distill/retained"] in (0.0, 1.0) and "distill/chat/worst_delta" in m
+    row = summary["stages"][2]
+    assert row["metric"] == "distill/heldout/student/pass_at_1/all" and row["after"] > row["before"]
+
+
+@pytest.mark.slow
+def test_a_second_round_retrains_the_teachers_from_the_first_rounds_student(tiny_pretrain, cli):
+    short = ["stages.distill.steps=3", "stages.distill.rounds=2", "stages.distill.eval_suite=null",
+             "stages.distill.teachers[0].rl={steps: 2, filter: null, data: {heldout_limit: 8}}",
+             "stages.distill.teachers[1].rl={steps: 2, filter: null, data: {heldout_limit: 8}}",
+             "stages.distill.checkpoint_every_steps=null", "stages.rl.data.heldout_limit=16"]
+    summary = cli.summary(cli("run", str(cli.tiny), "--stages", "pretrain,sft,distill",
+                              *cli.sets(*tiny_pretrain.sets, *cli.sft_sets, *short), "--json"))
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=summary["tracking_uri"], registry_uri=summary["tracking_uri"])
+    runs = client.search_runs([client.get_experiment_by_name(summary["experiment"]).experiment_id],
+                              filter_string="tags.`mlflow.runName` LIKE 'distill%'", order_by=["start_time DESC"])
+    round2 = next(r for r in runs if r.info.run_name == "distill/round-2")
+    round1 = client.get_model_version_by_alias(summary["experiment"], "distill-round-1")
+    round1_student = round1.tags["stagewise.checkpoint"]
+    for name in ("distill/round-2", "distill-teacher-arithmetic-round2", "distill-teacher-format-round2"):
+        run = next(r for r in runs if r.info.run_name == name)
+        assert Path(run.data.tags["stagewise.start_checkpoint"]).resolve() == Path(round1_student), name
+    assert round2.data.tags["mlflow.parentRunId"] == next(r for r in runs if r.info.run_name == "distill").info.run_id
+    distill = next(r for r in runs if r.info.run_name == "distill")
+    assert [s for s, _ in sorted((m.step, m.value) for m in client.get_metric_history(
+        distill.info.run_id, "distill/heldout/student/pass_at_1/all"))] == [0, 1, 2]
