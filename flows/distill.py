@@ -112,7 +112,7 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
 
             check_same_tokenizer(student, teachers)
             teacher_scores = evaluator.teachers(teachers, at=r)
-            ckpt = _round(ctx, block, r, student, teachers, rows, run_id)
+            ckpt, round_run_id = _round(ctx, block, r, student, teachers, rows, run_id)
             after = evaluator.student(ckpt.path, at=r)
             recovered = _recovered(before, after, teacher_scores, cfg)
             tracker.log_metrics(run_id, [(r, 0, recovered)])
@@ -128,7 +128,7 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
         result = StageResult(stage=STAGE, parent=start, checkpoint=ckpt.path, run_id=run_id,
                              metrics={**final, **{f"base/{k}": v for k, v in first.items()}}, stage_dir=str(out_dir),
                              summary=summary)
-        _report(tracker, run_id, first, before, teacher_scores)
+        _report(tracker, run_id, round_run_id, first, before, teacher_scores)
         return finish(ctx, out_dir, result, final, at=(cfg.rounds, ckpt.tokens_seen))
 
 
@@ -269,8 +269,8 @@ def _recovered(before: dict[str, float], after: dict[str, float], teachers: dict
 
 
 def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teachers: dict[str, str], rows: StageRows,
-           parent_run_id: str) -> CheckpointRef:
-    """One round: distil the teachers into the student; its own step and nested MLflow run."""
+           parent_run_id: str) -> tuple[CheckpointRef, str]:
+    """One round: distil the teachers into the student; its own step and nested MLflow run (its id returned)."""
     cfg = block.stage
     name = f"{STAGE}/round-{r}"
     not_trained = {"vllm_url", "rounds", "eval_suite", "eval_limit", "retention_margin", "data"}
@@ -287,12 +287,12 @@ def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teache
 
             meta = read_meta(reused.checkpoint)
             return CheckpointRef(path=reused.checkpoint, step=meta.step, tokens_seen=meta.tokens_seen,
-                                 sha256=meta.weight_sha256 or "")
+                                 sha256=meta.weight_sha256 or ""), run_id
         ckpt = _train_round(round_ctx, block, student, teachers, rows, out_dir, run_id)
         result = StageResult(stage=f"{STAGE}-round-{r}", parent=student, checkpoint=ckpt.path, run_id=run_id,
                              stage_dir=str(out_dir))
         finish(round_ctx, out_dir, result, at=(ckpt.step, ckpt.tokens_seen))
-        return ckpt
+        return ckpt, run_id
 
 
 def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers: dict[str, str], rows: StageRows,
@@ -360,18 +360,27 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
         getattr(generator, "close", lambda: None)()
 
 
-def _report(tracker, run_id: str, before: dict[str, float], after: dict[str, float],
+def _report(tracker, run_id: str, round_run_id: str, before: dict[str, float], after: dict[str, float],
             teachers: dict[str, float]) -> None:
-    """Student before/after and each teacher, per domain (JSON + PNG)."""
+    """Student before/after and each teacher, per domain (JSON + PNGs), and the last round's reverse KL."""
     if not before:
         return
-    from eval.plots import before_after_plot
+    from eval.plots import before_after_plot, distill_plot
 
     table = {k: {"start": before[k], "distilled": after.get(k),
                  "teacher": teachers.get(k.replace("/student/", "/teacher/"))} for k in before}
     tracker.log_json(run_id, table, "reports/distill_before_after.json")
     tracker.log_figure(run_id, before_after_plot(before, after, "Distillation: held-out pass@1 and greedy accuracy"),
                        "reports/distill_before_after.png")
+    pass_at_1 = "distill/heldout/student/pass_at_1/"
+    per_domain = lambda m, prefix: {k.removeprefix(prefix): v for k, v in m.items()  # noqa: E731
+                                    if k.startswith(prefix) and not k.endswith("/all")}
+    kl = {d: [(s, v) for s, _, v in points] for d, points in
+          ((n.removeprefix("distill/reverse_kl/"), p) for n, p in tracker.metric_histories(
+              round_run_id, [f"distill/reverse_kl/{d}" for d in per_domain(before, pass_at_1)]).items())}
+    tracker.log_figure(run_id, distill_plot(kl, per_domain(before, pass_at_1), per_domain(after, pass_at_1),
+                                            per_domain(teachers, "distill/heldout/teacher/pass_at_1/")),
+                       "reports/distill.png")
 
 
 STAGE_ENTRY = Stage(name=STAGE, flow=distill_flow, select=select, start="handed_on")

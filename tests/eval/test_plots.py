@@ -168,3 +168,16 @@ def test_reject_reasons_and_merge_curves_render(save):
     (ax,) = drawn(fig)
     assert ax.get_title() == "checkpoint merging: best merge 2.88 beats trained 2.96 at the last checkpoint"
     save(fig, "merge_vs_trained")
+
+
+def test_distill_plot_shows_the_gap_each_domain_closed(save):
+    from eval.plots import distill_plot
+
+    kl = {"arithmetic": [(1, 0.9), (2, 0.5)], "format": [(1, 1.2), (2, 0.8)]}
+    fig = distill_plot(kl, {"arithmetic": 0.1, "format": 0.05}, {"arithmetic": 0.16, "format": 0.07},
+                       {"arithmetic": 0.2, "format": 0.15})
+    kl_ax, pass_ax = fig.axes
+    assert [line.get_label() for line in kl_ax.get_lines()] == ["arithmetic", "format"]
+    assert "gain kept: 60%, 20%" in pass_ax.get_title()  # (0.16-0.1)/(0.2-0.1), (0.07-0.05)/(0.15-0.05)
+    assert len(pass_ax.patches) == 6  # start, teacher, distilled for each domain
+    save(fig, "distill")

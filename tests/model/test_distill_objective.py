@@ -56,11 +56,13 @@ def test_grpo_takes_per_token_advantages_and_their_gradient_is_the_distillation_
     objective = GRPOObjective(GRPOConfig())
     denom = objective.denominator([batch])
     loss, metrics = objective.loss(tiny_model, batch, denom, LossContext())
+    mask = batch["response_mask"]
+    # on policy rho = 1 and w = 1: the loss is -sum_t A_t / N over response tokens
+    assert loss.item() == pytest.approx(-(batch["advantages"] * mask).sum().item() / mask.sum().item(), abs=1e-6)
     loss.backward()
     got = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in tiny_model.parameters()]
     tiny_model.zero_grad(set_to_none=True)
     logp, _ = token_logprobs(tiny_model, batch["input_ids"])
-    mask = batch["response_mask"]
     (-(batch["advantages"] * logp * mask).sum() / mask.sum()).backward()
     want = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in tiny_model.parameters()]
     assert any(w.abs().sum() > 0 for w in want)
