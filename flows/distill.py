@@ -23,14 +23,14 @@ is registered with the alias `distill`.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
 from flows.distill_schema import DistillStage, TeacherSpec, teacher_rl_block
 from flows.recipe import Recipe
-from flows.rl import WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows
+from flows.rl import (WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows,
+                      steps_train_config)
 from flows.rl_schema import RLData, RLStage
 from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
                          stage_run, start_checkpoint)
@@ -304,7 +304,6 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
     from data.rl_sampler import CurriculumSampler
     from eval.heldout import end_ids
     from model.build import load_model
-    from model.config import TrainConfig
     from model.distill_batches import DistillBatches
     from model.engine import Trainer
     from model.objectives.grpo import GRPOObjective
@@ -341,15 +340,7 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
         sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps, None, ctx.seed)
         batches = DistillBatches(policy, generator, wiring.prompts, sampler, router.score, cfg.rollout, ctx.seed,
                                  pad_id, discount=cfg.discount, score=wiring.score)
-        ro = cfg.rollout
-        seq_length = max(len(p.ids) for p in wiring.prompts.values()) + ro.max_new_tokens
-        rows_per_step = cfg.prompts_per_step * ro.group_size
-        train_cfg = TrainConfig(
-            tokens=cfg.steps * seq_length * rows_per_step, seq_length=seq_length, global_batch=rows_per_step,
-            micro_batch=math.gcd(rows_per_step, cfg.micro_batch), optimizer=cfg.optimizer, schedule=cfg.schedule,
-            precision=ctx.runtime.precision_for(cfg.precision), lb_loss_coeff=0.0,
-            checkpoint_every_tokens=cfg.checkpoint_every_steps * seq_length * rows_per_step
-            if cfg.checkpoint_every_steps else None, monitor=cfg.monitor)
+        train_cfg = steps_train_config(cfg, cfg.rollout, wiring.prompts, ctx.runtime)
         trainer = Trainer(policy, train_cfg, batches, GRPOObjective(cfg.loss), out_dir, stage=STAGE,
                           tokenizer_dir=student, recipe_hash=ctx.recipe_hash,
                           log=rl_metric_log(ctx.tracker, run_id, prefix=STAGE), device=device, parent=student)

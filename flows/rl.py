@@ -172,7 +172,6 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
                     generator, pad_id: int, out_dir: Path, run_id: str, log) -> StageResult:
     from data.rl_curriculum import difficulty_filter
     from data.rl_sampler import CurriculumSampler
-    from model.config import TrainConfig
     from model.engine import Trainer
     from model.objectives.grpo import GRPOObjective
     from model.rl_batches import RolloutBatches, pass_rates, seed_for
@@ -228,14 +227,7 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     batches = RolloutBatches(policy, generator, wiring.prompts, sampler, wiring.score, ro, ctx.seed, pad_id,
                              reprofile=reprofile if cfg.reprofile else None, plateau=cfg.reprofile,
                              reference=reference)
-    seq_length = max(len(p.ids) for p in wiring.prompts.values()) + ro.max_new_tokens
-    rows_per_step = cfg.prompts_per_step * ro.group_size
-    train_cfg = TrainConfig(
-        tokens=cfg.steps * seq_length * rows_per_step, seq_length=seq_length, global_batch=rows_per_step,
-        micro_batch=math.gcd(rows_per_step, cfg.micro_batch), optimizer=cfg.optimizer, schedule=cfg.schedule,
-        precision=ctx.runtime.precision_for(cfg.precision), lb_loss_coeff=0.0,
-        checkpoint_every_tokens=cfg.checkpoint_every_steps * seq_length * rows_per_step
-        if cfg.checkpoint_every_steps else None, monitor=cfg.monitor)
+    train_cfg = steps_train_config(cfg, ro, wiring.prompts, ctx.runtime)
     trainer = Trainer(policy, train_cfg, batches, GRPOObjective(cfg.grpo), out_dir, stage=block.name,
                       tokenizer_dir=start_from, recipe_hash=ctx.recipe_hash, log=rl_metric_log(tracker, run_id),
                       device=device, parent=start_from)
@@ -253,6 +245,22 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
                          metrics={**after, **{f"base/{k}": v for k, v in before.items()}, **deltas},
                          stage_dir=str(out_dir), summary=summary)
     return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))
+
+
+def steps_train_config(cfg, rollout, prompts: dict, runtime) -> "TrainConfig":
+    """The engine's config for a stage budgeted in optimizer steps of prompts_per_step x group_size
+    sampled responses (RL, distillation): the engine counts tokens, so a step is that many rows of
+    the longest prompt plus max_new_tokens."""
+    from model.config import TrainConfig
+
+    seq_length = max(len(p.ids) for p in prompts.values()) + rollout.max_new_tokens
+    rows = cfg.prompts_per_step * rollout.group_size
+    return TrainConfig(
+        tokens=cfg.steps * seq_length * rows, seq_length=seq_length, global_batch=rows,
+        micro_batch=math.gcd(rows, cfg.micro_batch), optimizer=cfg.optimizer, schedule=cfg.schedule,
+        precision=runtime.precision_for(cfg.precision), lb_loss_coeff=0.0,
+        checkpoint_every_tokens=cfg.checkpoint_every_steps * seq_length * rows if cfg.checkpoint_every_steps else None,
+        monitor=cfg.monitor)
 
 
 def backend_problem(backend: str, device: str) -> str | None:

@@ -26,7 +26,8 @@ import torch
 
 from model.objectives.distill import distill_advantages, reverse_kl, scored
 from model.objectives.grpo import RolloutBatch
-from model.rl_batches import Prompt, RolloutBatches, SamplingSettings, Sampler, Score, seed_for
+from model.rl_batches import (Prompt, RolloutBatches, Sampler, SamplingSettings, Score, sample_metrics,
+                              seed_for)
 from model.rollout import Generator, Rollout
 
 TeacherScores = Callable[[list[str], list[list[int]], float], list[torch.Tensor]]
@@ -87,16 +88,7 @@ class DistillBatches(RolloutBatches):
             on = (mask[rows] > 0) & scored(teacher[rows])
             gap = torch.where(on, teacher[rows] - student[rows], torch.zeros_like(student[rows])).sum(-1)
             out[f"distill/logprob_gap/{domain}"] = float(gap.mean()) if len(gap) else 0.0
-        if self.scored:
-            per: dict[str, list[float]] = {}
-            for prompt, _, rewards in groups:
-                per.setdefault(prompt.domain, []).extend(rewards["accuracy"])
-            out |= {f"distill/train_accuracy/{d}": sum(v) / len(v) for d, v in sorted(per.items())}
-        rollouts = [r for _, group, _ in groups for r in group]
-        generated = sum(len(r.response_ids) for r in rollouts)
-        out["distill/response_length"] = generated / max(len(rollouts), 1)
-        out["distill/truncated_fraction"] = sum(not r.finished for r in rollouts) / max(len(rollouts), 1)
-        out["distill/rollout_tokens_per_s"] = generated / max(rollout_s, 1e-9)
+        out |= sample_metrics(groups, rollout_s, "distill")
         out["distill/teacher_tokens_per_s"] = float(mask.sum()) / max(teacher_s, 1e-9)
         return out
 

@@ -296,20 +296,30 @@ class RolloutBatches:
         for name in every[0] if every else []:
             values = [v for r in every for v in r[name]]
             out[f"rl/reward/{name}"] = sum(values) / len(values)
-        by_domain: dict[str, list[float]] = {}
-        for prompt, _, rewards in groups:
-            by_domain.setdefault(prompt.domain, []).extend(rewards["accuracy"])
-        out |= {f"rl/train_accuracy/{d}": sum(v) / len(v) for d, v in sorted(by_domain.items())}
-        rollouts = [r for _, group, _ in groups for r in group]
-        generated = sum(len(r.response_ids) for r in rollouts)
+        out |= sample_metrics(groups, rollout_s, "rl")
         out["rl/groups"] = float(len(groups))
         out["rl/kept_groups"] = float(len(kept))
         out["rl/dropped_groups"] = float(len(groups) - len(kept))
-        out["rl/response_length"] = generated / max(len(rollouts), 1)
-        out["rl/truncated_fraction"] = sum(not r.finished for r in rollouts) / max(len(rollouts), 1)
         out["rl/rollout_seconds"] = rollout_s
-        out["rl/rollout_tokens_per_s"] = generated / max(rollout_s, 1e-9)
         return out
+
+
+def sample_metrics(groups: list[tuple[Prompt, list[Rollout], dict[str, list[float]]]], rollout_s: float,
+                   prefix: str) -> dict[str, float]:
+    """What every sampled batch reports (RL, distillation): the verifier's accuracy per domain (when
+    the groups were scored), response length, the share cut at max_new_tokens, sampling tokens/s."""
+    out: dict[str, float] = {}
+    by_domain: dict[str, list[float]] = {}
+    for prompt, _, rewards in groups:
+        if "accuracy" in rewards:
+            by_domain.setdefault(prompt.domain, []).extend(rewards["accuracy"])
+    out |= {f"{prefix}/train_accuracy/{d}": sum(v) / len(v) for d, v in sorted(by_domain.items())}
+    rollouts = [r for _, group, _ in groups for r in group]
+    generated = sum(len(r.response_ids) for r in rollouts)
+    out[f"{prefix}/response_length"] = generated / max(len(rollouts), 1)
+    out[f"{prefix}/truncated_fraction"] = sum(not r.finished for r in rollouts) / max(len(rollouts), 1)
+    out[f"{prefix}/rollout_tokens_per_s"] = generated / max(rollout_s, 1e-9)
+    return out
 
 
 # ---------------------------------------------------------------------- (de)serialising a batch
