@@ -156,7 +156,7 @@ def _teacher(ctx: StageContext, block: DistillInputs, t: TeacherSpec, student: s
         return _fixed_teacher(t, upstream, ctx.base_dir)
     name = f"{STAGE}-teacher-{t.name}" + (f"-round{round_}" if round_ > 1 else "")
     inputs = RLInputs(stage=teacher_rl_block(t, block.rl), model_from=student, world_entities=block.world_entities,
-                      name=name, only_domains=t.domains)
+                      name=name, only_domains=t.domains, evaluate=False)
     return rl_flow.with_options(flow_run_name=name)(ctx, inputs, Upstream()).checkpoint
 
 

@@ -59,6 +59,9 @@ class RLInputs(BaseModel):
     machinery trains a distillation teacher (flows/distill.py)."""
     only_domains: list[str] | None = None
     """Train on the rows of these domains only (a per-domain teacher); None: every source's rows."""
+    evaluate: bool = True
+    """Score held-out pass@1 before and after (a distillation teacher skips it: the distillation
+    stage scores every teacher next to the student on the same rows)."""
 
 
 def select(recipe: Recipe) -> RLInputs | None:
@@ -79,6 +82,8 @@ def rl_spec(block: RLInputs, seed: int) -> dict:
     spec = {"stage": block.stage.model_dump(exclude={"vllm_url"}), "seed": seed, "version": RL_VERSION}
     if block.only_domains is not None:
         spec["only_domains"] = sorted(block.only_domains)
+    if not block.evaluate:
+        spec["evaluate"] = False
     return spec
 
 
@@ -153,8 +158,8 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
     if not tokenizer.chat_template:
         install_chat_template(tokenizer)
     trained = {r.domain for r in train_rows}  # held-out rows of the domains this stage trains
-    heldout_rows = round_robin([r for r in heldout_rows if r.domain in trained], lambda r: r.domain,
-                               cfg.data.heldout_limit)
+    heldout_rows = round_robin([r for r in heldout_rows if r.domain in trained and block.evaluate],
+                               lambda r: r.domain, cfg.data.heldout_limit)
     wiring = RLWiring(tokenizer, train_rows + heldout_rows, cfg.rewards, cfg.reasoning)
     policy = load_model(start_from, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
