@@ -193,7 +193,7 @@ def test_bad_parameters_fail_the_flow_run_with_the_located_message_and_train_not
         where = "stages.pretrain.tokenz: unknown key; did you mean tokens? (--set stages.pretrain.tokenz=5)"
     else:
         recipe = tmp_path / "no_sft.yaml"
-        recipe.write_text(f"base: {TINY}\nstages:\n  sft: null\n")
+        recipe.write_text(f"base: {TINY}\nstages:\n  sft: null\n  distill: null\n")  # distill starts from sft
         params = {"recipe": str(recipe), "stages": ["pretrain", "sft"], "overrides": [f"workdir={workdir}"]}
         where = "--stages: the recipe has no stages.sft block"
     run = _trigger(served, "pipeline", params, timeout=180)

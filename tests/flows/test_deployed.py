@@ -43,7 +43,7 @@ def test_bad_parameters_raise_the_located_message_the_cli_gives(tmp_path, overri
 
 def test_a_stage_the_recipe_lacks_is_refused(tmp_path):
     recipe = tmp_path / "no_sft.yaml"
-    recipe.write_text(f"base: {TINY}\nstages:\n  sft: null\n")
+    recipe.write_text(f"base: {TINY}\nstages:\n  sft: null\n  distill: null\n")  # distill starts from sft
     with pytest.raises(BadInput, match=r"--stages: the recipe has no stages.sft block"):
         check_request(str(recipe), ["pretrain", "sft"], [])
 
