@@ -1,0 +1,71 @@
+"""What a quantization asks for: formats, a budget, pins and calibration sizes (typed, validated first).
+
+One config serves the `quantize` stage's recipe block and `stagewise quantize`: the CLI builds
+it from its flags, so both paths refuse the same bad input with the same words. The math of
+the search is docs/ALGORITHMS.md section 8; what modelopt does on these machines is docs/STACK.md.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Format = Literal["nvfp4", "fp8", "bf16"]
+"""A per-operator format: NVFP4 (E2M1 in blocks of 16 with FP8 block scales), FP8 E4M3 per tensor,
+or BF16 (not quantized)."""
+
+QUANT_FORMATS: tuple[str, ...] = ("nvfp4", "fp8")
+"""Formats the search may choose besides BF16 (BF16 is always a choice)."""
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+
+
+class Pin(_Config):
+    """Fix the format of every operator whose module name matches a glob pattern."""
+
+    pattern: str = Field(min_length=1)
+    """fnmatch pattern over module names, e.g. `*.mixer.experts` or `model.layers.3.*`."""
+    format: Format
+    """The format those operators get (bf16 keeps them unquantized)."""
+
+
+class QuantizeConfig(_Config):
+    """Per-operator formats chosen under a budget (search), or the Ultra-style fixed heuristic."""
+
+    preset: Literal["super", "ultra"] = "super"
+    """super: AutoQuantize search by measured sensitivity under the budget (the Super report);
+    ultra: the fixed heuristic of the Ultra report (routed experts NVFP4, shared experts and Mamba
+    linears FP8, attention and everything else BF16), no search and no budget."""
+    formats: list[Format] = Field(default_factory=lambda: ["nvfp4", "fp8"], min_length=1)
+    """Formats the search may choose per operator; BF16 (no quantization) is always a choice."""
+    budget: Literal["effective_bits", "flops"] = "effective_bits"
+    """effective_bits: modelopt's own search under an average-bits budget over the searched weights;
+    flops: our knapsack over modelopt's sensitivity scores under a compute budget (ALGORITHMS.md 8)."""
+    effective_bits: float = Field(6.0, gt=0, le=16)
+    """Average bits per searched weight element (NVFP4 counts 4.5: its block scales included)."""
+    flop_fraction: float = Field(0.5, gt=0, le=1)
+    """With budget=flops: the summed compute cost may be at most this share of the all-BF16 cost."""
+    keep_bf16: list[str] = Field(default_factory=lambda: ["lm_head", "*.q_proj", "*.k_proj", "*.v_proj"])
+    """Operators kept BF16 (fnmatch over module names): by default the output layer and attention
+    Q/K/V, as both reports do. The embeddings are never quantized (a lookup, not a matmul)."""
+    pins: list[Pin] = Field(default_factory=list)
+    """Operators fixed to a format (applied after keep_bf16; a later pin wins over an earlier one)."""
+    calib_batches: int = Field(16, gt=0)
+    """Calibration batches (amax statistics) per candidate format."""
+    score_batches: int = Field(8, gt=0)
+    """Batches over which the gradient sensitivity scores are estimated."""
+    batch_size: int = Field(4, gt=0)
+    """Sequences per calibration/scoring batch."""
+    seq_length: int = Field(256, gt=1)
+    """Tokens per calibration sequence."""
+
+    @model_validator(mode="after")
+    def _formats(self) -> "QuantizeConfig":
+        if len(set(self.formats)) != len(self.formats):
+            raise ValueError(f"formats: {self.formats} names a format twice")
+        if "bf16" in self.formats:
+            self.formats = [f for f in self.formats if f != "bf16"] or ["fp8"]  # bf16 is always a choice
+        return self

@@ -1,0 +1,138 @@
+"""Load an exported quantized checkpoint for evaluation on any device: our loader, modelopt's fake quant.
+
+transformers cannot load a modelopt export (it skips the quantization and reads FP8 weights as raw
+codes, docs/STACK.md), and vLLM needs a GPU. So evaluation reads the export itself: the network is
+built from config.json, every weight is decoded from what the files hold (NVFP4: two E2M1 codes a
+byte x E4M3 block scale x FP32 tensor scale; FP8: E4M3 x FP32 scale; the rest BF16), fused experts
+are stacked back, and modelopt's quantizers are inserted with the plan's formats, their ranges
+(amax) set from the exported scales instead of recalibrated. Re-quantizing a decoded weight with its
+own scales gives it back exactly, and activations are quantized as the deployed model quantizes
+them, so what is scored is what is shipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from quant.export import PLAN_FILE, export_name
+
+E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+"""FP4 (E2M1) code -> value; bit 3 is the sign."""
+FP8_MAX, E2M1_MAX = 448.0, 6.0
+
+
+def decode_nvfp4(packed: torch.Tensor, block_scale: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
+    """Unpack [rows, cols/2] bytes (low nibble = even column) into [rows, cols] float32 values."""
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1).long()
+    values = E2M1[codes]
+    blocks = values.reshape(*values.shape[:-1], block_scale.shape[-1], -1)
+    return (blocks * (block_scale.float() * scale_2.float()).unsqueeze(-1)).reshape(values.shape)
+
+
+def _weights(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Decoded float32 weights under the model's own names (`backbone.` -> `model.`), scales dropped."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(("weight_scale", "weight_scale_2", "input_scale")):
+            continue
+        base = name[: -len("weight")] if name.endswith(".weight") else None
+        if t.dtype == torch.uint8 and base is not None:
+            t = decode_nvfp4(t, tensors[base + "weight_scale"], tensors[base + "weight_scale_2"])
+        elif t.dtype == torch.float8_e4m3fn and base is not None:
+            t = t.float() * tensors[base + "weight_scale"].float()
+        out["model." + name[len("backbone."):] if name.startswith("backbone.") else name] = t.float()
+    return out
+
+
+EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def _stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert `<m>.experts.<i>.<proj>.weight` back into the fused `<m>.experts.<proj>` [E, out, in]."""
+    fused: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
+    out = {}
+    for name, t in weights.items():
+        m = EXPERT.match(name)
+        if m:
+            fused[f"{m.group(1)}.{m.group(3)}"][int(m.group(2))] = t
+        else:
+            out[name] = t
+    for name, per in fused.items():
+        out[name] = torch.stack([per[i] for i in range(len(per))])
+    return out
+
+
+def _amax(tensors: dict[str, torch.Tensor], base: str, fmt: str) -> tuple[float, float]:
+    """(weight amax, input amax) of one exported weight `<base>weight`, from its scales."""
+    if fmt == "nvfp4":  # scale_2 = amax / (6 * 448); the input scale likewise
+        return (float(tensors[base + "weight_scale_2"]) * E2M1_MAX * FP8_MAX,
+                float(tensors[base + "input_scale"]) * E2M1_MAX * FP8_MAX)
+    return float(tensors[base + "weight_scale"]) * FP8_MAX, float(tensors[base + "input_scale"]) * FP8_MAX
+
+
+def _set_ranges(model: torch.nn.Module, tensors: dict[str, torch.Tensor], formats: dict[str, str]) -> None:
+    """Each quantizer's amax from the export: weight quantizers per tensor (per expert), inputs per projection."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    quantizers = {n: q for n, q in model.named_modules() if isinstance(q, TensorQuantizer) and q.is_enabled}
+    for module, fmt in formats.items():
+        if fmt == "bf16":
+            continue
+        mine = {n: q for n, q in quantizers.items() if n.startswith(module + ".")}
+        if any("_weight_quantizers." in n for n in mine):  # fused experts: per projection, per expert
+            prefix = export_name(module)
+            for proj in ("up_proj", "down_proj"):
+                inputs = []
+                for e in range(len([n for n in mine if n.startswith(f"{module}.{proj}_weight_quantizers.")])):
+                    w, i = _amax(tensors, f"{prefix}.{e}.{proj}.", fmt)
+                    mine[f"{module}.{proj}_weight_quantizers.{e}"].amax = torch.tensor(w)
+                    inputs.append(i)
+                mine[f"{module}.{proj}_input_quantizer"].amax = torch.tensor(max(inputs))
+        else:
+            w, i = _amax(tensors, export_name(module) + ".", fmt)
+            mine[f"{module}.weight_quantizer"].amax = torch.tensor(w)
+            mine[f"{module}.input_quantizer"].amax = torch.tensor(i)
+
+
+def read_plan(export_dir: str | Path) -> dict:
+    """The plan saved beside an export (every operator's format, the searched set, the method)."""
+    path = Path(export_dir) / PLAN_FILE
+    if not path.exists():
+        from data.errors import BadInput
+
+        raise BadInput(f"{export_dir}: not a stagewise quantized export (no {PLAN_FILE})")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_quantized(export_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
+    """The exported model with fake-quantized weights and activations, ready to score on `device`."""
+    import modelopt.torch.quantization as mtq
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, NemotronHForCausalLM
+
+    from model.build import ARCHITECTURES
+    from quant.formats import plan_config
+
+    export_dir = Path(export_dir)
+    formats = read_plan(export_dir)["formats"]
+    config = AutoConfig.from_pretrained(str(export_dir))
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(export_dir.glob("*.safetensors")):
+        tensors |= load_file(str(f))
+    model = NemotronHForCausalLM(config)
+    model.config.architectures = list(ARCHITECTURES)
+    state = _stack_experts(_weights(tensors))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if not k.endswith("lm_head.weight") or not config.tie_word_embeddings]:
+        raise ValueError(f"{export_dir}: weights do not fit the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    model = model.float().to(device).eval()
+    model = mtq.quantize(model, plan_config(formats, device), forward_loop=None)
+    _set_ranges(model, tensors, formats)
+    return model
