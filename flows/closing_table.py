@@ -26,7 +26,7 @@ def closing_rows(results: list[StageResult]) -> list[dict]:
         rows.append({"stage": r.stage, "metric": s.metric if s else None, "before": s.before if s else None,
                      "after": s.after if s else None, "higher_is_better": s.higher_is_better if s else None,
                      "tokens": s.tokens if s else 0, "seconds": s.seconds if s else None, "run_id": r.run_id,
-                     "reused": r.reused})
+                     "reused": r.reused, "note": s.note if s else None})
     return rows
 
 
@@ -43,6 +43,8 @@ def render(rows: list[dict]) -> str:
         if r["before"] is not None and r["after"] is not None and r["after"] != r["before"]:
             up = r["after"] > r["before"]
             change += "  (better)" if up == bool(r["higher_is_better"]) else "  (worse)"
+        if r.get("note"):
+            change += f"  [{r['note']}]"
         seconds = "-" if r["seconds"] is None else f"{r['seconds']:.0f} s"
         lines.append([r["stage"] + (" (reused)" if r.get("reused") else ""), r["metric"] or "-", change,
                       f"{r['tokens']:,}", seconds, r["run_id"]])

@@ -37,6 +37,8 @@ def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out += _suite_problems(r, "stages.distill", r.stages.distill)
     out += _merge_problems(r)
     out += _suite_problems(r, "stages.merge", r.stages.merge)
+    out += _suite_problems(r, "stages.quantize", r.stages.quantize)
+    out += _quantize_problems(r) if r.stages.quantize else []
     return out + _preset_problems(r.model)
 
 
@@ -70,6 +72,18 @@ def _suite_problems(r: Recipe, at: str, stage: Any) -> list[tuple[str, str, str]
             where = f"{at}.{field}"
             known = ", ".join(sorted(r.eval)) or "none; add an `eval:` block"
             out.append((where, f"unknown eval suite {name!r}{did_you_mean(name, r.eval)}; suites: {known}", where))
+    return out
+
+
+def _quantize_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """`@world/` held-out files need the SFT world; a calibration file must be a file of the recipe, not the world."""
+    q, at, out = r.stages.quantize, "stages.quantize", []
+    if q.heldout and q.heldout.startswith("@world/") and (r.stages.sft is None or r.stages.sft.data.world is None):
+        out.append((f"{at}.heldout", "an @world/ file needs stages.sft.data.world (the demo world's conversations)",
+                    f"{at}.heldout"))
+    if q.calib and q.calib.startswith("@world/"):
+        out.append((f"{at}.calib", "give a text file (JSONL with `text`, or .txt); the default is the recipe's "
+                    "validation text", f"{at}.calib"))
     return out
 
 

@@ -21,6 +21,7 @@ from eval.gates import GateConfig
 from flows.recipe_checks import cross_problems
 from flows.recipe_errors import RecipeError, did_you_mean
 from flows.distill_schema import DistillStage
+from flows.quantize_schema import QuantizeStage
 from flows.rl_schema import RLStage
 from flows.stage_schemas import LongContextStage, MergeStage
 from model.config import LoRAConfig, ModelConfig, TrainConfig
@@ -106,6 +107,8 @@ class StagesConfig(_Config):
     """GRPO on verifiable rewards (difficulty filter, Gaussian curriculum, masked IS, one-step off-policy)."""
     distill: DistillStage | None = None
     """Multi-teacher on-policy distillation: the student samples, per-domain teachers score its tokens."""
+    quantize: QuantizeStage | None = None
+    """Per-operator NVFP4 / FP8 / BF16 under a budget (AutoQuantize) and a deployable export (after training)."""
 
 
 class Recipe(_Config):

@@ -8,7 +8,7 @@ the design's STAGE_ORDER; tests/flows/test_registry.py holds both rules.
 
 from __future__ import annotations
 
-from flows import distill, long_context, merge, pretrain, rl, sft
+from flows import distill, long_context, merge, pretrain, quantize, rl, sft
 from flows.recipe import STAGE_ORDER
 from flows.stage import Stage
 
@@ -19,6 +19,7 @@ REGISTRY: tuple[Stage, ...] = (
     sft.STAGE_ENTRY,
     rl.STAGE_ENTRY,
     distill.STAGE_ENTRY,
+    quantize.STAGE_ENTRY,
 )
 
 assert [s.name for s in REGISTRY] == [n for n in STAGE_ORDER if n in {s.name for s in REGISTRY}], \

@@ -45,10 +45,12 @@ def strip_sentinels(path: Path) -> None:
 
 
 def export_checkpoint(model: torch.nn.Module, plan: Plan, source: str | Path, out_dir: str | Path,
-                      dtype: torch.dtype = torch.bfloat16) -> Path:
+                      dtype: torch.dtype = torch.bfloat16, meta: dict | None = None) -> Path:
     """Export the quantized `model` to `out_dir` (atomically), with the tokenizer of `source` and the plan.
 
-    The export consumes `model` (modelopt packs its weights in place): score it before, or export a copy."""
+    The export consumes `model` (modelopt packs its weights in place): score it before, or export a copy.
+    `meta` (model.checkpoint.CheckpointMeta's fields) becomes the export's stagewise.json, with the
+    weights' sha256, so the export is a checkpoint of the pipeline like any other."""
     from modelopt.torch.export import export_hf_checkpoint
 
     from model.checkpoint import atomic_dir
@@ -65,6 +67,11 @@ def export_checkpoint(model: torch.nn.Module, plan: Plan, source: str | Path, ou
                 shutil.copy2(Path(source) / name, tmp / name)
         (tmp / PLAN_FILE).write_text(json.dumps({"formats": plan.formats, "searched": plan.searched,
                                                  "method": plan.method, "source": str(source)}, indent=2) + "\n")
+        if meta is not None:
+            from model.checkpoint import META_FILE, weights_sha256
+
+            doc = meta | {"weight_sha256": weights_sha256(tmp)}
+            (tmp / META_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True))
     return out_dir
 
 

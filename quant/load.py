@@ -135,4 +135,7 @@ def load_quantized(export_dir: str | Path, device: str = "cpu") -> torch.nn.Modu
     model = model.float().to(device).eval()
     model = mtq.quantize(model, plan_config(formats, device), forward_loop=None)
     _set_ranges(model, tensors, formats)
+    # The decoded weights are already on their grid (re-quantizing gives them back): fold them once
+    # instead of fake-quantizing every weight on every forward (generation runs hundreds of them).
+    mtq.fold_weight(model)
     return model

@@ -40,7 +40,7 @@ class Plan:
     method: str
     """How the choice was made: modelopt-lp (effective bits), knapsack (flops) or ultra-heuristic."""
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Sensitivity per operator group and format (empty for the heuristic)."""
+    """Sensitivity of each searched operator per format (its group's: Q/K/V share one; empty for the heuristic)."""
 
 
 def fixed_formats(ops: list[Operator], cfg: QuantizeConfig) -> dict[str, str]:
@@ -96,9 +96,8 @@ def search_plan(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], 
         num_score_steps=min(cfg.score_batches, len(batches)), module_search_spaces=spaces or None)
     # Disabled layers (keep_bf16, conv1d, routers) appear with BF16 as their only choice: not searched.
     stats = {k: st for k, st in state["candidate_stats"].items() if set(st["module_names"]) <= set(searched)}
-    scores = {key.removesuffix(".quant_recipe"): {format_of(r): float(s)
-                                                  for r, s in zip(st["formats"], st["scores"])}
-              for key, st in stats.items()}
+    scores = {m: {format_of(r): float(s) for r, s in zip(st["formats"], st["scores"])}
+              for st in stats.values() for m in st["module_names"]}
     if cfg.budget == "effective_bits":
         numel = {op.name: float(op.numel) for op in ops}
         chosen = _knapsack(stats, lambda names: {n: numel[n] for n in names}, "bits", cfg.effective_bits / 16.0)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import task
 
 from data.config import DataConfig, TokenizerConfig
 from tasks.refs import PreparedRef
 from tasks.steps import cached
 from tasks.tracking import Tracker
-from tasks.policy import retrying
+from tasks.policy import retrying, run_logger
 
 
 @task(**retrying("prepare-data"))
@@ -30,7 +30,7 @@ def prepare_data_task(
     from data.prepare import prepare_data
 
     prepared = prepare_data(data, tokenizer, Path(workdir), seed, base_dir=Path(base_dir))
-    logger = get_run_logger()
+    logger = run_logger()
     logger.info("data %s at %s (%s)", prepared.digest[:12], prepared.root, "reused" if prepared.reused else "built")
     if tracker and run_id:
         counts = {}

@@ -11,7 +11,8 @@ from tasks.tracking import Tracker
 from tasks.policy import retrying, run_logger
 
 
-def _val_streams(prepared_root: Path) -> dict:
+def val_streams(prepared_root: Path) -> dict:
+    """Every source's validation token stream of a prepared data directory (sources without one left out)."""
     from data.prepare import PreparedData
     from data.shards import TokenShard
 
@@ -40,7 +41,7 @@ def validation_task(
     from model.build import load_model
 
     model = load_model(Path(checkpoint.path), device=device)
-    metrics = validation_loss(model, _val_streams(Path(prepared.root)), seq_length, max_tokens, device=device)
+    metrics = validation_loss(model, val_streams(Path(prepared.root)), seq_length, max_tokens, device=device)
     metrics["unigram_baseline"] = unigram_cross_entropy(PreparedData.load(Path(prepared.root)))
     run_logger().info(
         "validation loss %.4f (unigram baseline %.4f) at %d tokens",

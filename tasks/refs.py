@@ -35,6 +35,8 @@ class StageSummary(BaseModel):
     """Tokens the stage trained on (0 for stages that do not train, e.g. merging)."""
     seconds: float | None = None
     """Wall time of the stage in this pipeline run (filled by the pipeline)."""
+    note: str | None = None
+    """A short fact the row needs besides its metric (e.g. the quantize stage's effective bits)."""
 
 
 class StageResult(BaseModel):

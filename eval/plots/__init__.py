@@ -16,8 +16,9 @@ from eval.plots.compare import before_after_plot, stage_summary_plot  # noqa: E4
 from eval.plots.curation import reject_reasons_plot  # noqa: E402
 from eval.plots.distill import distill_plot  # noqa: E402
 from eval.plots.kinds import metric_kind  # noqa: E402
+from eval.plots.quant import quant_formats_plot  # noqa: E402
 from eval.plots.rl import pass_rate_histogram, rl_training_plot  # noqa: E402
 from eval.plots.training import cutoff_plot, loss_curves, merge_curves  # noqa: E402
 
-__all__ = ["before_after_plot", "cutoff_plot", "distill_plot", "loss_curves", "merge_curves", "metric_kind", "pass_rate_histogram", "reject_reasons_plot", "rl_training_plot",
+__all__ = ["before_after_plot", "cutoff_plot", "distill_plot", "loss_curves", "merge_curves", "metric_kind", "pass_rate_histogram", "quant_formats_plot", "reject_reasons_plot", "rl_training_plot",
            "stage_summary_plot"]

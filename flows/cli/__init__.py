@@ -12,7 +12,7 @@ inside the commands that need them, so `stagewise --help` stays fast.
 
 This package only builds the `app` and mounts the commands, one module per command group:
 run.py (run, demo), data.py (data prepare|curate|pack), inspect.py, recipe.py (recipe
-show|schema), evaluate.py (eval, cutoffs), promote.py, merge.py, serve.py (the Prefect deployments); output.py holds the shared result and
+show|schema), evaluate.py (eval, cutoffs), promote.py, merge.py, quantize.py, serve.py (the Prefect deployments); output.py holds the shared result and
 error reporting, options.py the shared arguments. The order below is the order `--help` lists.
 """
 
@@ -23,7 +23,7 @@ from typing import Sequence
 
 import typer
 
-from flows.cli import data, evaluate, inspect, merge, promote, recipe, run, serve
+from flows.cli import data, evaluate, inspect, merge, promote, quantize, recipe, run, serve
 from flows.cli.options import DebugOpt
 from flows.cli.output import DEBUG
 from flows.cli.run import shipped_recipe
@@ -47,6 +47,7 @@ app.command("eval")(evaluate.eval_cmd)
 app.command("cutoffs")(evaluate.cutoffs_cmd)
 app.command("promote")(promote.promote_cmd)
 app.command("merge")(merge.merge_cmd)
+app.command("quantize")(quantize.quantize_cmd)
 app.command("serve")(serve.serve_cmd)
 
 

@@ -30,7 +30,7 @@ def _cli_message(*args: str) -> str:
     (["stages.pretrain.tokenz=5"], None, "stages.pretrain.tokenz: unknown key; did you mean tokens? (--set stages.pretrain.tokenz=5)"),
     (["stages.pretrain.tokens=abc"], ["pretrain"], "stages.pretrain.tokens: must be a valid integer"),
     ([], ["pretrian"], "--stages: unknown stage 'pretrian'"),
-    ([], ["quantize"], "--stages: stage 'quantize' is not available yet"),
+    (["stages.quantize=null"], ["quantize"], "--stages: the recipe has no stages.quantize block"),
 ])
 def test_bad_parameters_raise_the_located_message_the_cli_gives(tmp_path, overrides, stages, where):
     overrides = [f"workdir={tmp_path / 'w'}", *overrides]

@@ -193,9 +193,8 @@ def test_override_of_unknown_path_suggests_the_nearest_key(tmp_path, cwd):
      "stages.pretrain.global_batch: global_batch (6) must be a multiple of micro_batch (4) (r.yaml:{line})"),
     ("quality: high}", "quality: great}",
      "data.sources[0].quality: must be 'high', 'medium' or 'low'; got 'great' (r.yaml:{line})"),
-    ("  pretrain:", "  quantize:\n    x: 1\n  pretrain:",
-     "stages.quantize: stage 'quantize' is not available yet in this version "
-     "(available: pretrain, merge, long_context, sft, rl, distill) (r.yaml:{line})"),
+    ("  pretrain:", "  quantize:\n    effective_bitz: 5\n  pretrain:",
+     "stages.quantize.effective_bitz: unknown key; did you mean effective_bits? (r.yaml:{next})"),
     ("seed: 7", "seed: 7\nmodel: {preset: tinyy}",
      "model.preset: unknown preset 'tinyy'; did you mean tiny? (r.yaml:{next})"),
 ])
@@ -252,7 +251,7 @@ def test_workdir_interpolation(tmp_path, cwd):
 def test_select_stages(tmp_path):
     r = load_recipe(write(tmp_path, GOOD)).recipe
     assert select_stages(r, None) is None and select_stages(r, "pretrain") == ["pretrain"]
-    with pytest.raises(RecipeError, match="not available yet"):
+    with pytest.raises(RecipeError, match="the recipe has no stages.quantize block"):
         select_stages(r, "pretrain,quantize")
     with pytest.raises(RecipeError, match="did you mean pretrain"):
         select_stages(r, "pretrian")

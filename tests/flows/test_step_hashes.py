@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import long_context, merge, pretrain, sft
+from flows import long_context, merge, pretrain, quantize, sft
 from flows.recipe import load_recipe
 from model.runtime import Runtime
 from tasks.steps import step_hash
@@ -133,3 +133,25 @@ def test_quality_retrains_only_when_a_phase_weighs_by_it():
     tiered = "stages.pretrain.phases[1]={name: quality, until: 1.0, quality_weights: {high: 3, medium: 1}}"
     assert _pretrain([tiered, "data.sources[4].quality=high"]) != _pretrain([tiered])
     assert _pretrain(["data.sources[4].quality=high"]) == BASE
+
+
+def _quantize(sets):
+    r = load_recipe(TINY, sets).recipe
+    return step_hash("quantize", quantize.quantize_spec(quantize.select(r), r.seed), ["start-weights", "data", "-", "heldout"])
+
+
+@pytest.mark.parametrize("change, reruns", [
+    ("stages.quantize.effective_bits=5.0", True),
+    ("stages.quantize.budget=flops", True),
+    ("stages.quantize.keep_bf16=[lm_head]", True),
+    ("stages.quantize.pins=[{pattern: '*.mixer.experts', format: fp8}]", True),
+    ("stages.quantize.calib_batches=4", True),
+    ("stages.quantize.heldout_limit=50", True),   # the scores it hands on change
+    ("eval.chat=[world_arithmetic]", True),       # its suite's tasks
+    ("seed=7", True),
+    ("workdir=/elsewhere", False),
+    ("runtime.device=cpu", False),
+    ("stages.pretrain.optimizer.lr=1e-3", False),  # reaches it only through the start checkpoint's weights
+])
+def test_quantize_step(change, reruns):
+    assert (_quantize([change]) != _quantize([])) == reruns, change

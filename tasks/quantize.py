@@ -1,0 +1,115 @@
+"""Prefect tasks of the quantize stage: score a model, and quantize + export + reload a checkpoint.
+
+Thin: the work is quant/ (plan, quantize, export, load) and eval/ (held-out answers, validation
+loss, lm-eval); these tasks wire them, time them and log to MLflow. `quantize_checkpoint` is also
+what `stagewise quantize` runs (through `.fn`, outside a flow), so the CLI and the stage quantize
+the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from prefect import task
+
+from quant.config import QuantizeConfig
+from tasks.policy import retrying, run_logger
+
+
+@dataclass
+class Scoring:
+    """What a model is scored on, BF16 and quantized alike."""
+
+    streams: dict[str, np.ndarray] = field(default_factory=dict)
+    """Validation token streams (validation loss over their first `val_tokens`)."""
+    seq_length: int = 256
+    val_tokens: int = 16384
+    heldout: list[dict] = field(default_factory=list)
+    """Held-out conversations (greedy exact match, eval/heldout.py)."""
+    heldout_limit: int | None = 200
+    pack_size: int = 1024
+    """Pack size of the held-out loss (the conversations' SFT loss, packed as SFT trains them)."""
+    suite: list[str] = field(default_factory=list)
+    suite_limit: int | None = 40
+
+
+def score_model(model: torch.nn.Module, tokenizer: Any, scoring: Scoring, device: str) -> dict[str, float]:
+    """`validation/loss`, `heldout/exact_match` (+ format match, per domain), `heldout/loss` (the
+    assistant tokens' loss: the smoothest of these, so the one that ranks budgets) and the suite's `<task>/<metric>`."""
+    from eval.heldout import heldout_answers, heldout_loss
+    from eval.validation import validation_loss
+
+    out: dict[str, float] = {}
+    if scoring.streams:
+        out["validation/loss"] = validation_loss(model, scoring.streams, scoring.seq_length, scoring.val_tokens,
+                                                 device=device)["loss"]
+    if scoring.heldout:
+        answers = heldout_answers(model, tokenizer, scoring.heldout, scoring.heldout_limit, device=device)
+        out |= {f"heldout/{k}": v for k, v in answers.items() if k != "answered"}
+        loss = heldout_loss(model, tokenizer, scoring.heldout, scoring.pack_size, scoring.heldout_limit, device=device)
+        if loss:
+            out["heldout/loss"] = loss["loss"]
+    if scoring.suite:
+        from eval.harness import run_tasks
+
+        out |= run_tasks(model, tokenizer, scoring.suite, limit=scoring.suite_limit, device=device).metrics
+    return out
+
+
+@task(**retrying("quantize"))
+def quantize_checkpoint(source: str, cfg: QuantizeConfig, batches: list[dict], scoring: Scoring, out_dir: str,
+                        device: str, meta: dict | None = None) -> dict:
+    """Plan, quantize, export to `out_dir` and score the reloaded export against the BF16 start.
+
+    Returns the report (quant/report.py) with `export` (the directory) and `seconds` per phase."""
+    import time
+
+    from transformers import AutoTokenizer
+
+    from model.build import load_model
+    from quant.export import export_checkpoint, recounted_effective_bits
+    from quant.flops import operator_flops
+    from quant.load import load_quantized
+    from quant.operators import operators
+    from quant.plan import copy_model, quantize_with_plan, search_plan, ultra_plan
+    from quant.report import build_report
+
+    log, seconds = run_logger(), {}
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = load_model(source, device=device).eval()
+    t = time.perf_counter()
+    bf16 = score_model(model, tokenizer, scoring, device)
+    seconds["score_bf16"] = time.perf_counter() - t
+    ops = operators(model)
+    flops = operator_flops(model, [op.name for op in ops])
+    t = time.perf_counter()
+    if cfg.preset == "ultra":
+        plan = ultra_plan(model, cfg)
+    else:
+        plan = search_plan(copy_model(model), batches, cfg, device,
+                           flops=lambda names: {n: flops[n] for n in names})
+    seconds["search"] = time.perf_counter() - t
+    log.info("quantize: plan by %s: %s", plan.method, _counts(plan.formats))
+    t = time.perf_counter()
+    quantized = quantize_with_plan(model, plan, batches, device)
+    export_checkpoint(quantized, plan, source, out_dir, meta=meta)
+    seconds["quantize_export"] = time.perf_counter() - t
+    del quantized, model
+    t = time.perf_counter()
+    reloaded = load_quantized(out_dir, device=device)
+    after = score_model(reloaded, tokenizer, scoring, device)
+    seconds["score_quantized"] = time.perf_counter() - t
+    recounted = recounted_effective_bits(out_dir, plan.searched)
+    report = build_report(plan, ops, flops, recounted, bf16, after, device)
+    return report | {"export": str(out_dir), "seconds": seconds}
+
+
+def _counts(formats: dict[str, str]) -> str:
+    out: dict[str, int] = {}
+    for fmt in formats.values():
+        out[fmt] = out.get(fmt, 0) + 1
+    return ", ".join(f"{n} {fmt}" for fmt, n in sorted(out.items()))

@@ -1,0 +1,74 @@
+"""End to end: the quantize stage after the last training stage, and `stagewise quantize` at two budgets.
+
+Pretraining and SFT are the session's (tests/e2e/conftest.py: the SFT test's settings, so the run
+finds both finished). `stagewise run --stages pretrain,sft,quantize` quantizes SFT's checkpoint at
+the recipe's 6 effective bits: the row is in the closing table, the export is registered and holds
+what the report says, and the reloaded export scores within 0.02 of BF16 on held-out exact match.
+Then the CLI on the same checkpoint at 6 and 4.8 bits: the lower budget has fewer bits and no
+better accuracy (held-out loss, the smooth score; exact match within one answer's noise).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+QUANT_SETS = ["stages.quantize.heldout_limit=100", "stages.quantize.calib_batches=8", "stages.quantize.score_batches=4"]
+
+
+@pytest.fixture(scope="module")
+def quantize_run(tiny_pretrain, cli):
+    proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft,quantize",
+               *cli.sets(*tiny_pretrain.sets, *cli.sft_sets, *QUANT_SETS), "--json")
+    return cli.summary(proc), proc
+
+
+@pytest.mark.slow
+def test_the_stage_quantizes_the_handed_on_checkpoint_and_reports_its_row(quantize_run):
+    summary, proc = quantize_run
+    assert [s["stage"] for s in summary["stages"]] == ["pretrain", "sft", "quantize"]
+    sft, row = summary["stages"][1], summary["stages"][2]
+    assert row["metric"] == "quant/heldout/exact_match" and row["note"].endswith("effective bits")
+    m = row["metrics"]
+    assert m["effective_bits"] <= 6.0 + 1e-9 and m["recounted_bits"] == pytest.approx(m["effective_bits"])
+    assert abs(m["delta/heldout/exact_match"]) <= 0.02, m  # the reloaded export scores like BF16 at 6 bits
+    assert row["before"] == pytest.approx(m["bf16/heldout/exact_match"])
+    export = Path(row["checkpoint"])
+    plan = json.loads((export / "stagewise_quant.json").read_text())
+    assert plan["source"] == sft["checkpoint"]
+    assert {plan["formats"][n] for n in ("lm_head", "model.layers.1.mixer.q_proj")} == {"bf16"}
+    assert "effective bits]" in proc.stdout  # the closing table prints the note
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=summary["tracking_uri"], registry_uri=summary["tracking_uri"])
+    version = client.get_model_version_by_alias(summary["experiment"], "quantize")
+    assert version.tags["stagewise.checkpoint"] == str(export)
+    run = client.get_run(row["run_id"])
+    assert run.data.metrics["quant/effective_bits"] == pytest.approx(m["effective_bits"])
+    assert {"quant/report.json", "reports"} <= {a.path for a in client.list_artifacts(row["run_id"])}
+
+
+@pytest.mark.slow
+def test_a_lower_budget_gives_fewer_bits_and_no_better_accuracy(quantize_run, cli, tmp_path):
+    summary, _ = quantize_run
+    sft_ckpt = summary["stages"][1]["checkpoint"]
+    reports = {}
+    for bits in (6.0, 4.8):
+        proc = cli("quantize", sft_ckpt, "--out", str(tmp_path / f"q{bits}"), "--effective-bits", str(bits),
+                   "--heldout-limit", "100", "--calib-batches", "8", "--score-batches", "4",
+                   "--recipe", str(cli.tiny), *cli.sets(*tiny_pretrain_sets(summary)), "--json")
+        reports[bits] = cli.summary(proc)
+    high, low = reports[6.0], reports[4.8]
+    assert low["effective_bits"] < high["effective_bits"] <= 6.0 + 1e-9
+    assert low["quantized"]["heldout/loss"] >= high["quantized"]["heldout/loss"]
+    assert low["quantized"]["heldout/exact_match"] <= high["quantized"]["heldout/exact_match"] + 0.011
+    for r in (high, low):  # what --json promises
+        assert {"effective_bits", "formats", "deltas", "bf16", "quantized", "flop_share", "table"} <= set(r)
+        assert r["recounted_bits"] == pytest.approx(r["effective_bits"])
+
+
+def tiny_pretrain_sets(summary: dict) -> list[str]:
+    """The run's workdir, so the CLI reads the same prepared data and SFT world (reused, not rebuilt)."""
+    return [f"workdir={Path(summary['stages'][0]['data_root']).parents[1]}"]
