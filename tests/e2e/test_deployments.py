@@ -35,7 +35,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny.yaml"
 BIN = Path(sys.executable).parent
-NAMES = {"pipeline", "weekly", "pretrain", "merge", "long_context", "sft", "rl", "distill", "promote", "nightly-eval"}
+STAGES = ["pretrain", "merge", "long_context", "sft", "rl", "distill", "quantize"]
+NAMES = {"pipeline", "weekly", *STAGES, "promote", "nightly-eval"}
 SMALL = [  # 16 steps of 2048 tokens, two checkpoints, one 2-checkpoint merge window
     "stages.pretrain.tokens=32768", "stages.pretrain.global_batch=8", "stages.pretrain.micro_batch=8",
     "stages.pretrain.checkpoint_every_tokens=16384", "stages.pretrain.schedule.warmup_tokens=4096",
@@ -144,7 +145,7 @@ def test_serve_registers_the_deployments_with_the_stages_form(served):
     assert set(found) == NAMES
     stages = found["pipeline"].parameter_openapi_schema["properties"]["stages"]
     items = [s for s in stages["anyOf"] if s.get("type") == "array"][0]["items"]
-    assert items["enum"] == ["pretrain", "merge", "long_context", "sft", "rl", "distill"]
+    assert items["enum"] == STAGES
     assert found["merge"].parameters["stages"] == ["pretrain", "merge"]
     assert all(d.parameters["recipe"] == str(TINY) for name, d in found.items() if name != "promote")
     assert found["promote"].parameters["stage"] == "pretrain"  # the cutoff-promotion job, run from the UI
