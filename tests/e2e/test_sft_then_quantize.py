@@ -1,7 +1,7 @@
-"""End to end: the quantize stage after the last training stage, and `stagewise quantize` at two budgets.
+"""End to end: sft -> quantize (the stage after the last training stage), and `stagewise quantize` at two budgets.
 
 Pretraining and SFT are the session's (tests/e2e/conftest.py: the SFT test's settings, so the run
-finds both finished). `stagewise run --stages pretrain,sft,quantize` quantizes SFT's checkpoint at
+finds both finished; the module sorts after the SFT test's, which must be the one to train SFT). `stagewise run --stages pretrain,sft,quantize` quantizes SFT's checkpoint at
 the recipe's 6 effective bits: the row is in the closing table, the export is registered and holds
 what the report says, and the reloaded export scores within 0.02 of BF16 on held-out exact match.
 Then the CLI on the same checkpoint at 6 and 4.8 bits: the lower budget has fewer bits and no
