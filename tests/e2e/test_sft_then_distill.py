@@ -20,7 +20,7 @@ import pytest
 @pytest.fixture(scope="module")
 def distill_run(tiny_pretrain, cli):
     proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft,distill",
-               *cli.sets(*tiny_pretrain.sets, *cli.sft_sets), "--json")
+               *cli.sets(*tiny_pretrain.sets, *cli.sft_sets, *cli.rl_sets), "--json")
     summary = cli.summary(proc)
     from mlflow import MlflowClient
 
@@ -91,7 +91,7 @@ def test_a_second_round_retrains_the_teachers_from_the_first_rounds_student(tiny
              "stages.distill.teachers[1].rl={steps: 2, filter: null, data: {heldout_limit: 8}}",
              "stages.distill.checkpoint_every_steps=null", "stages.rl.data.heldout_limit=16"]
     summary = cli.summary(cli("run", str(cli.tiny), "--stages", "pretrain,sft,distill",
-                              *cli.sets(*tiny_pretrain.sets, *cli.sft_sets, *short), "--json"))
+                              *cli.sets(*tiny_pretrain.sets, *cli.sft_sets, *cli.rl_sets, *short), "--json"))
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=summary["tracking_uri"], registry_uri=summary["tracking_uri"])

@@ -4,8 +4,8 @@ Pretraining and SFT are the session's (tests/e2e/conftest.py: the SFT test's set
 finds both finished; the module sorts after the SFT test's, which must be the one to train SFT). `stagewise run --stages pretrain,sft,quantize` quantizes SFT's checkpoint at
 the recipe's 6 effective bits: the row is in the closing table, the export is registered and holds
 what the report says, and the reloaded export scores within 0.02 of BF16 on held-out exact match.
-Then the CLI on the same checkpoint at 6 and 4.8 bits: the lower budget has fewer bits and no
-better accuracy (held-out loss, the smooth score; exact match within one answer's noise).
+Then the CLI on the same checkpoint at 4.8 bits, scored the same way: fewer bits than the stage's
+6 and no better accuracy (held-out loss, the smooth score; exact match within two answers' noise).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 QUANT_SETS = ["stages.quantize.heldout_limit=100", "stages.quantize.calib_batches=8", "stages.quantize.score_batches=4"]
+"""Smaller than the demo's (CI time); `stagewise quantize` below is given the same sizes, so the stage's
+report at the recipe's 6 bits and the CLI's at 4.8 bits differ in the budget alone."""
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,6 @@ def test_the_stage_quantizes_the_handed_on_checkpoint_and_reports_its_row(quanti
     plan = json.loads((export / "stagewise_quant.json").read_text())
     assert plan["source"] == sft["checkpoint"]
     assert {plan["formats"][n] for n in ("lm_head", "model.layers.1.mixer.q_proj")} == {"bf16"}
-    assert "effective bits]" in proc.stdout  # the closing table prints the note
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=summary["tracking_uri"], registry_uri=summary["tracking_uri"])
@@ -54,19 +55,18 @@ def test_the_stage_quantizes_the_handed_on_checkpoint_and_reports_its_row(quanti
 def test_a_lower_budget_gives_fewer_bits_and_no_better_accuracy(quantize_run, cli, tmp_path):
     summary, _ = quantize_run
     sft_ckpt = summary["stages"][1]["checkpoint"]
-    reports = {}
-    for bits in (6.0, 4.8):
-        proc = cli("quantize", sft_ckpt, "--out", str(tmp_path / f"q{bits}"), "--effective-bits", str(bits),
-                   "--heldout-limit", "100", "--calib-batches", "8", "--score-batches", "4",
-                   "--recipe", str(cli.tiny), *cli.sets(*tiny_pretrain_sets(summary)), "--json")
-        reports[bits] = cli.summary(proc)
-    high, low = reports[6.0], reports[4.8]
-    assert low["effective_bits"] < high["effective_bits"] <= 6.0 + 1e-9
-    assert low["quantized"]["heldout/loss"] >= high["quantized"]["heldout/loss"]
-    assert low["quantized"]["heldout/exact_match"] <= high["quantized"]["heldout/exact_match"] + 0.011
-    for r in (high, low):  # what --json promises
-        assert {"effective_bits", "formats", "deltas", "bf16", "quantized", "flop_share", "table"} <= set(r)
-        assert r["recounted_bits"] == pytest.approx(r["effective_bits"])
+    stage = summary["stages"][2]["metrics"]  # 6 bits, through the pipeline
+    proc = cli("quantize", sft_ckpt, "--out", str(tmp_path / "q4.8"), "--effective-bits", "4.8",
+               "--heldout-limit", "100", "--calib-batches", "8", "--score-batches", "4",
+               "--recipe", str(cli.tiny), *cli.sets(*tiny_pretrain_sets(summary)), "--json")
+    low = cli.summary(proc)
+    assert low["effective_bits"] < stage["effective_bits"] <= 6.0 + 1e-9
+    assert low["bf16"]["heldout/exact_match"] == pytest.approx(stage["bf16/heldout/exact_match"])  # same scoring
+    assert low["quantized"]["heldout/loss"] >= stage["quantized/heldout/loss"]
+    assert low["quantized"]["heldout/exact_match"] <= stage["quantized/heldout/exact_match"] + 0.011
+    assert {"effective_bits", "formats", "deltas", "bf16", "quantized", "flop_share", "table"} <= set(low)  # --json's promise
+    assert low["recounted_bits"] == pytest.approx(low["effective_bits"])
+    assert (tmp_path / "q4.8" / "hf_quant_config.json").exists()
 
 
 def tiny_pretrain_sets(summary: dict) -> list[str]:

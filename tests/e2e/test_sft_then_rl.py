@@ -18,7 +18,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def rl_run(tiny_pretrain, cli):
-    proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft,rl", *cli.sets(*tiny_pretrain.sets, *cli.sft_sets),
+    proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft,rl", *cli.sets(*tiny_pretrain.sets, *cli.sft_sets, *cli.rl_sets),
                "--json")
     summary = cli.summary(proc)
     from mlflow import MlflowClient

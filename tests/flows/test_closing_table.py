@@ -25,7 +25,7 @@ def test_rows_have_every_column_and_empty_cells_for_a_stage_without_summary():
     assert [r["stage"] for r in rows] == ["pretrain", "merge", "sft", "quantize"]
     assert rows[0] == {"stage": "pretrain", "metric": "eval/validation/loss", "before": 8.3, "after": 2.99,
                             "higher_is_better": False, "tokens": 1_474_560, "seconds": 410.2, "run_id": "r1",
-                            "reused": True}
+                            "reused": True, "note": None}
     assert rows[3]["metric"] is None and rows[3]["tokens"] == 0
 
 
@@ -39,6 +39,14 @@ def test_text_marks_direction_reuse_and_aligns_columns():
     assert "0 -> 0.055  (better)" in sft  # higher is better
     assert bare.split()[:4] == ["quantize", "-", "-", "->"]
     assert pre.index("r1") == lines[0].index("MLflow")  # the run id sits under its header
+
+
+def test_a_rows_note_is_printed_after_its_change():
+    q = StageResult(stage="quantize", checkpoint="/c/q", run_id="r5",
+                    summary=StageSummary(metric="quant/heldout/exact_match", before=0.055, after=0.05,
+                                         higher_is_better=True, note="5.92 effective bits"))
+    line = render(closing_rows([q])).splitlines()[2]
+    assert "0.055 -> 0.05  (worse)  [5.92 effective bits]" in line
 
 
 class FakeTracker:
