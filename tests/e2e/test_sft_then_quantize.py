@@ -48,7 +48,9 @@ def test_the_stage_quantizes_the_handed_on_checkpoint_and_reports_its_row(quanti
     assert version.tags["stagewise.checkpoint"] == str(export)
     run = client.get_run(row["run_id"])
     assert run.data.metrics["quant/effective_bits"] == pytest.approx(m["effective_bits"])
-    assert {"quant/report.json", "reports"} <= {a.path for a in client.list_artifacts(row["run_id"])}
+    assert "quant/report.json" in {a.path for a in client.list_artifacts(row["run_id"], "quant")}
+    assert {"reports/quant_formats.png", "reports/quant_before_after.png"} <= {
+        a.path for a in client.list_artifacts(row["run_id"], "reports")}
 
 
 @pytest.mark.slow
