@@ -131,7 +131,10 @@ def load_quantized(export_dir: str | Path, device: str = "cpu") -> torch.nn.Modu
     state = _stack_experts(_weights(tensors))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if not k.endswith("lm_head.weight") or not config.tie_word_embeddings]:
-        raise ValueError(f"{export_dir}: weights do not fit the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        from data.errors import BadInput
+
+        raise BadInput(f"{export_dir}: the weights do not fit its config.json (missing {missing[:5]}, "
+                       f"unexpected {unexpected[:5]})")
     model = model.float().to(device).eval()
     model = mtq.quantize(model, plan_config(formats, device), forward_loop=None)
     _set_ranges(model, tensors, formats)

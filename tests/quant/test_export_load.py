@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from quant.config import QuantizeConfig
 from quant.export import PLAN_FILE, recount_bits, recounted_effective_bits
 from quant.load import decode_nvfp4, load_quantized
 from quant.operators import operators
