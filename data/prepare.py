@@ -29,7 +29,7 @@ from data.world import WORLD_VERSION, generate_world
 
 MANIFEST = "manifest.json"
 
-__all__ = ["PreparedData", "SourceShards", "ensure_world", "prepare_data"]
+__all__ = ["PreparedData", "SourceShards", "ensure_world", "find_prepared", "prepare_data", "world_path"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,14 @@ class PreparedData:
         return cls(root, root / m["tokenizer_dir"], m["digest"], True, sources, m["vocab_size"], world)
 
 
+def world_path(cfg: WorldConfig, seed: int, workdir: Path) -> Path:
+    """Where the demo world of (config, seed, generator version, interpreter) lives: `<workdir>/world/<key>`."""
+    return Path(workdir) / "world" / digest_of([cfg.model_dump(), seed, WORLD_VERSION, sys.version])[:16]
+
+
 def ensure_world(cfg: WorldConfig, seed: int, workdir: Path) -> Path:
     """Generate the demo world once per (config, seed, generator version, interpreter)."""
-    key = digest_of([cfg.model_dump(), seed, WORLD_VERSION, sys.version])[:16]
-    out = Path(workdir) / "world" / key
+    out = world_path(cfg, seed, workdir)
     if not out.is_dir():
         with building(out) as tmp:
             generate_world(cfg, tmp, seed)
@@ -84,6 +88,17 @@ def prepare_data(data: DataConfig, tokenizer: TokenizerConfig, workdir: Path, se
     with building(root) as tmp:
         _build(tmp, data, tokenizer, inputs, digest, seed, base_dir, world_dir, progress)
     return replace(PreparedData.load(root), reused=False)
+
+
+def find_prepared(data: DataConfig, tokenizer: TokenizerConfig, workdir: Path, seed: int,
+                  base_dir: Path) -> PreparedData | None:
+    """The prepared data of these inputs if `prepare_data` has built it, else None (nothing is
+    generated: without its demo world there can be no prepared data)."""
+    world_dir = world_path(data.world, seed, workdir) if data.world is not None else None
+    if world_dir is not None and not world_dir.is_dir():
+        return None
+    root = Path(workdir) / "data" / digest_of(prepare_inputs(data, tokenizer, seed, Path(base_dir), world_dir))[:16]
+    return PreparedData.load(root) if (root / MANIFEST).is_file() else None
 
 
 def _build(tmp: Path, data: DataConfig, tok_cfg: TokenizerConfig, inputs: dict, digest: str, seed: int,

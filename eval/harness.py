@@ -23,6 +23,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from eval.tasks import TASKS_DIR
 
 
@@ -156,9 +158,58 @@ def headline_metrics(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     out = {}
     for (task, metric), values in per_metric.items():
         for filt, value in values:
-            plain = filt == "none" or len(values) == 1
-            out[f"{task}/{metric}" if plain else f"{task}/{metric}/{filt}"] = value
+            out[metric_name(task, metric, filt, len(values))] = value
     return dict(sorted(out.items()))
+
+
+def metric_name(task: str, metric: str, filt: str, filters: int) -> str:
+    """`task/metric`, or `task/metric/filter` when the metric is reported under several filters."""
+    return f"{task}/{metric}" if filt == "none" or filters == 1 else f"{task}/{metric}/{filt}"
+
+
+class _TaskYaml(yaml.SafeLoader):
+    """lm-eval task YAML: `!function module.name` read as its text (nothing is imported)."""
+
+
+_TaskYaml.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
+def _task_config(path: Path) -> dict[str, Any]:
+    """One task YAML with its `include` chain merged (the including file's keys win), as lm-eval reads it."""
+    config = yaml.load(path.read_text(encoding="utf-8"), Loader=_TaskYaml) or {}
+    base = config.pop("include", None)
+    return {**_task_config(path.parent / base), **config} if base else config
+
+
+@cache
+def local_tasks() -> dict[str, dict[str, Any]]:
+    """Every local task of eval/tasks/ (a YAML with a `task:` name) by name, its config resolved."""
+    configs = [_task_config(p) for p in sorted(TASKS_DIR.glob("*.yaml"))]
+    return {c["task"]: c for c in configs if isinstance(c.get("task"), str)}
+
+
+def local_metric_names(names: list[str]) -> tuple[set[str], list[str]]:
+    """(the `task/metric` names headline_metrics reports for the local tasks or tags among `names`,
+    the names that are not local: lm-eval's standard tasks, whose metrics only lm-eval knows).
+
+    A task's names are its metric_list under each entry of its filter_list (lm-eval's `none`
+    when it has none); a tag stands for every local task carrying it."""
+    tasks, outside = local_tasks(), []
+    chosen: list[dict[str, Any]] = []
+    for name in names:
+        tagged = [c for c in tasks.values() if name in _as_list(c.get("tag"))]
+        chosen += [tasks[name]] if name in tasks else tagged
+        outside += [] if name in tasks or tagged else [name]
+    out = set()
+    for c in chosen:
+        filters = [f.get("name", "none") for f in c.get("filter_list") or []] or ["none"]
+        for m in c.get("metric_list") or []:
+            out |= {metric_name(c["task"], m["metric"], f, len(filters)) for f in filters}
+    return out, outside
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else ([] if value is None else [value])
 
 
 def run_tasks(model, tokenizer, tasks: list[str], *, limit: int | float | None = None, batch_size: int = 8,

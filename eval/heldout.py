@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import torch
 
+from eval.metric_names import ANSWER_SCORES
+
 
 def read_conversations(path: str | Path) -> list[dict]:
     """Conversations from a JSONL file (one JSON object per line; blank lines skipped)."""
@@ -133,7 +135,7 @@ def heldout_answers(model: torch.nn.Module, tokenizer: Any, convs: list[dict], l
         hits[domain].append(int(answers[i] == target))
         forms[domain].append(int(shape(answers[i]) == shape(target)))
     metrics = {"answered": float(len(items))}
-    for name, per in (("exact_match", hits), ("format_match", forms)):
+    for name, per in zip(ANSWER_SCORES, (hits, forms)):
         every = [h for v in per.values() for h in v]
         metrics[name] = sum(every) / len(every)
         metrics.update({f"{name}_{d}": sum(v) / len(v) for d, v in sorted(per.items())})

@@ -3,6 +3,7 @@
     sft_flow
       ├─ sft-world, sft-curate          conversations made and cleaned once (content-hashed dirs)
       ├─ sft-start                      the starting checkpoint + chat template, <|im_end|> as eos
+      ├─ sft-profile                    lengths, turns, tools, rejects, skew warnings of the curated data
       ├─ sft-blend-pack  (per sub-stage) sample the blend (+ keep_previous), best-fit packs
       ├─ evaluate the base              held-out conversations + eval_suite, at step 0
       └─ per sub-stage: run_stretches   train (PackedData, sft_token | sft_conversation), evaluate,
@@ -11,7 +12,8 @@
 MLflow layout (chosen so gates and `stagewise cutoffs` work per sub-stage exactly as for
 pretraining): one nested run `sft` per SFT stage, tagged `stagewise.stage=sft` and
 `stagewise.substages=<names>`, holding the data (curation report and rejects, packing
-efficiency, realised mixture: `sft/curate/...`, `sft/<substage>/...`), the before/after
+efficiency, realised mixture: `sft/curate/...`, `sft/<substage>/...`; the data profile:
+`data/profile/...`, artifacts `data_profile/`), the before/after
 evaluations (`eval/<task>/<metric>` at step 0 for the base and at the cumulative step after
 each sub-stage) and the deltas `sft/<task>/<metric>_delta` (final - base); under it one run
 per sub-stage, `sft/<name>`, tagged `stagewise.stage=sft` and `stagewise.substage=<name>`,
@@ -41,6 +43,7 @@ from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish,
                          stage_run, start_checkpoint)
 from flows.stage_loop import GateFailed, run_stretches
 from model.config import ModelConfig, MTPConfig, TrainConfig
+from tasks.data_profile import sft_profile_task
 from tasks.evaluate import heldout_task, loss_report_task, suite_task
 from tasks.refs import CheckpointRef, StageResult, StageSummary
 from tasks.sft_data import PackedRef, blend_pack_task, curate_task, resolve, sft_start_task, sft_world_task
@@ -194,6 +197,7 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
                                                 workdir))
         curated = value_of(curate_task(data.sources, data.curate, world_dir, ctx.base_dir, workdir, tracker, run_id))
         start = value_of(sft_start_task(start_from, workdir))
+        value_of(sft_profile_task(curated, data.sources, stage.stages, data.curate, start.path, workdir, tracker, run_id))
         packs, previous = [], None
         for i, sub in enumerate(stage.stages):
             previous = value_of(blend_pack_task(sub, i, curated, previous, start.path, ctx.seed, workdir, tracker,

@@ -52,6 +52,8 @@ class StageContext(BaseModel):
     parent_run_id: str | None = None
     resume: bool = False
     runtime: Runtime = Runtime()
+    run_tags: dict[str, str] = {}
+    """Extra MLflow tags on every run this context opens (an ablation's `stagewise.variant`)."""
 
     @property
     def stages_root(self) -> Path:
@@ -89,7 +91,7 @@ class Stage:
 @contextmanager
 def stage_run(ctx: StageContext, name: str, tags: dict[str, str] | None = None) -> Iterator[str]:
     """The stage's MLflow run (nested under the pipeline's), with the runtime logged as params."""
-    with ctx.tracker.run(name, {STAGE_TAG: name.split("/")[0], **(tags or {})}, ctx.parent_run_id) as run_id:
+    with ctx.tracker.run(name, {STAGE_TAG: name.split("/")[0], **ctx.run_tags, **(tags or {})}, ctx.parent_run_id) as run_id:
         ctx.tracker.log_params(run_id, ctx.runtime.params())
         run_logger().info("%s: starting on %s/%s (MLflow run %s)", name, ctx.runtime.device, ctx.runtime.precision, run_id)
         yield run_id

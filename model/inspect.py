@@ -161,6 +161,16 @@ def _activation_bytes(c, kind: str, a: int) -> int:
     return block + router + routed + shared
 
 
+def meta_model(cfg: ModelConfig, vocab_size: int | None) -> NemotronHForCausalLM:
+    """The network `cfg` builds (MTP heads included), on the meta device: its modules and shapes, no memory."""
+    config = build_hf_config(cfg, vocab_size)
+    with torch.device("meta"):
+        model = NemotronHForCausalLM(config)
+        if cfg.mtp.num_heads:
+            attach_mtp(model, cfg.mtp.num_heads, cfg.mtp.loss_weight)
+    return model
+
+
 def inspect_model(
     cfg: ModelConfig,
     vocab_size: int | None,
@@ -169,11 +179,8 @@ def inspect_model(
     precision: Literal["bf16", "fp32"] = "bf16",
 ) -> ModelReport:
     """Size `cfg` on the meta device: exact (active) parameter counts and a memory estimate."""
-    config = build_hf_config(cfg, vocab_size)
-    with torch.device("meta"):
-        model = NemotronHForCausalLM(config)
-        if cfg.mtp.num_heads:
-            attach_mtp(model, cfg.mtp.num_heads, cfg.mtp.loss_weight)
+    model = meta_model(cfg, vocab_size)
+    config = model.config
     a = 2 if precision == "bf16" else 4
     tokens = seq_length * micro_batch
     rows = []

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prefect import task
 
+from eval.metric_names import HELDOUT_PREFIX, SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX
 from tasks.refs import CheckpointRef, PreparedRef
 from tasks.tracking import Tracker
 from tasks.policy import retrying, run_logger
@@ -28,7 +29,7 @@ def validation_task(
     max_tokens: int,
     tracker: Tracker | None = None,
     run_id: str | None = None,
-    prefix: str = "eval/validation",
+    prefix: str = VALIDATION_PREFIX,
     device: str = "cpu",
 ) -> dict[str, float]:
     """Held-out loss of a checkpoint, per source and overall, next to the unigram baseline.
@@ -42,10 +43,10 @@ def validation_task(
 
     model = load_model(Path(checkpoint.path), device=device)
     metrics = validation_loss(model, val_streams(Path(prepared.root)), seq_length, max_tokens, device=device)
-    metrics["unigram_baseline"] = unigram_cross_entropy(PreparedData.load(Path(prepared.root)))
+    metrics[UNIGRAM_BASELINE] = unigram_cross_entropy(PreparedData.load(Path(prepared.root)))
     run_logger().info(
         "validation loss %.4f (unigram baseline %.4f) at %d tokens",
-        metrics["loss"], metrics["unigram_baseline"], checkpoint.tokens_seen,
+        metrics["loss"], metrics[UNIGRAM_BASELINE], checkpoint.tokens_seen,
     )
     if tracker and run_id:
         named = {f"{prefix}/{k}": v for k, v in metrics.items()}
@@ -74,7 +75,7 @@ def suite_task(
     limit: int | None = None,
     tracker: Tracker | None = None,
     run_id: str | None = None,
-    prefix: str = "eval",
+    prefix: str = SUITE_PREFIX,
     device: str = "cpu",
 ) -> dict[str, float]:
     """Run lm-eval tasks on a checkpoint (eval.harness.run_checkpoint): the one suite scorer
@@ -108,10 +109,6 @@ def gate_task(gate, tracker: Tracker, run_id: str, tokens_seen: int, budget_exha
     return out
 
 
-HELDOUT_TASK = "sft_heldout"
-"""Metric prefix of the held-out conversations: eval/sft_heldout/{loss,exact_match,exact_match_<domain>}."""
-
-
 @task(**retrying("heldout-conversations"))
 def heldout_task(
     checkpoint: CheckpointRef,
@@ -134,7 +131,7 @@ def heldout_task(
     convs = read_conversations(heldout)
     metrics = heldout_answers(model, tokenizer, convs, limit, device=device)
     metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit, device=device)
-    named = {f"eval/{HELDOUT_TASK}/{k}": v for k, v in metrics.items()}
+    named = {f"{HELDOUT_PREFIX}/{k}": v for k, v in metrics.items()}
     run_logger().info("held-out conversations at %d tokens: %s", checkpoint.tokens_seen,
                           ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
     if tracker and run_id:

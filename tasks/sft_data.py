@@ -66,6 +66,13 @@ def file_digest(path: str | Path) -> str:
     return file_sha256(Path(path))
 
 
+def tokenizer_digest(tokenizer_dir: str | Path) -> str:
+    """A hash of the files that decide how the tokenizer tokenizes (what a step over its tokens depends on)."""
+    from data.sft_assembly import tokenizer_files
+
+    return step_hash("tokenizer", [file_digest(p) for p in tokenizer_files(tokenizer_dir)])
+
+
 def resolve(path: str, base_dir: str | Path, world_dir: str | Path | None) -> Path:
     """`@world/x` -> the SFT world's x; relative -> next to the recipe; absolute unchanged."""
     from data.sources import resolve_path
@@ -183,9 +190,9 @@ def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | 
     """Sample sub-stage `sub`'s blend (+ its keep_previous share of `previous`), render with the
     chat template and best-fit pack into rows of sub.seq_length tokens; log the report and mixture."""
     from data.atomic import building
-    from data.sft_assembly import blend_and_pack, check_enough_packs, tokenizer_files
+    from data.sft_assembly import blend_and_pack, check_enough_packs
 
-    tok_digest = step_hash("tokenizer", [file_digest(p) for p in tokenizer_files(tokenizer_dir)])
+    tok_digest = tokenizer_digest(tokenizer_dir)
     spec = {"blend": sub.blend, "keep_previous": sub.keep_previous, "seq_length": sub.seq_length, "seed": seed,
             "index": index, "version": SFT_DATA_VERSION}
     root = step_dir(Path(workdir) / "sft_data", f"packed-{sub.name}", spec,

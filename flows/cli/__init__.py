@@ -11,8 +11,8 @@ one type for it is data.errors.BadInput, which flows.recipe.RecipeError is), 1 a
 inside the commands that need them, so `stagewise --help` stays fast.
 
 This package only builds the `app` and mounts the commands, one module per command group:
-run.py (run, demo), data.py (data prepare|curate|pack), inspect.py, recipe.py (recipe
-show|schema), evaluate.py (eval, cutoffs), promote.py, merge.py, quantize.py, serve.py (the Prefect deployments); output.py holds the shared result and
+run.py (run, demo), check.py (check: the recipe doctor), data.py (data prepare|curate|pack), inspect.py, recipe.py (recipe
+show|schema), evaluate.py (eval, cutoffs), promote.py, merge.py, quantize.py, serve.py (the Prefect deployments), ablate.py (ablation sweeps); output.py holds the shared result and
 error reporting, options.py the shared arguments. The order below is the order `--help` lists.
 """
 
@@ -23,7 +23,7 @@ from typing import Sequence
 
 import typer
 
-from flows.cli import data, evaluate, inspect, merge, promote, quantize, recipe, run, serve
+from flows.cli import ablate, check, data, evaluate, inspect, merge, promote, quantize, recipe, run, serve
 from flows.cli.options import DebugOpt
 from flows.cli.output import DEBUG
 from flows.cli.run import shipped_recipe
@@ -42,6 +42,7 @@ app.add_typer(data.data_app, name="data")
 app.add_typer(recipe.recipe_app, name="recipe")
 app.command()(run.run)
 app.command()(run.demo)
+app.command("check")(check.check_cmd)
 app.command("inspect")(inspect.inspect_cmd)
 app.command("eval")(evaluate.eval_cmd)
 app.command("cutoffs")(evaluate.cutoffs_cmd)
@@ -49,6 +50,7 @@ app.command("promote")(promote.promote_cmd)
 app.command("merge")(merge.merge_cmd)
 app.command("quantize")(quantize.quantize_cmd)
 app.command("serve")(serve.serve_cmd)
+app.command("ablate")(ablate.ablate_cmd)
 
 
 @app.callback()

@@ -1,7 +1,9 @@
 """`stagewise run` and `stagewise demo`: train a recipe's stages as one Prefect flow.
 
 These are the commands that start training; both go through `_run`, which checks the chosen
-stages before Prefect is imported so a typo exits 2 at once. `demo` is `run` on the shipped
+stages and runs the recipe doctor (flows/doctor.py, `stagewise check`) before Prefect is
+imported: a typo exits 2 at once, and so does a recipe the doctor finds errors in (unless
+`run --force`); its warnings are printed and the run goes on. `demo` is `run` on the shipped
 recipes/tiny.yaml plus a pointer to the MLflow UI, which is why `shipped_recipe` lives here.
 """
 
@@ -33,10 +35,30 @@ def _closing(result: dict) -> None:
                f"{result['runtime']['precision']}.")
 
 
-def _run(loaded, stages: Optional[str], resume: bool) -> dict:
+def doctor(loaded, stages: Optional[list[str]], force: bool, label: str = "") -> None:
+    """The recipe doctor on the stages that will run: warnings to stderr, errors exit 2 unless `force`
+    (`label` prefixes every line: `stagewise ablate` names the variant)."""
+    from flows.doctor import diagnose, failing
+    from flows.recipe_errors import show_file
+
+    findings = diagnose(loaded, stages)
+    errors = failing(findings)
+    if errors and not force:
+        for f in findings:
+            if f not in errors:
+                typer.echo(label + f.line(), err=True)
+        raise BadInput(f"{label}the recipe doctor found {len(errors)} error(s); fix them, or run anyway with --force "
+                       f"(`stagewise check {show_file(str(loaded.path))}` lists every rule):\n"
+                       + "\n".join(label + f.line() for f in errors))
+    for f in findings:
+        typer.echo(label + f.line(), err=True)
+
+
+def _run(loaded, stages: Optional[str], resume: bool, force: bool = False) -> dict:
     from flows.recipe import select_stages
 
     chosen = select_stages(loaded.recipe, stages)  # bad names exit 2 before Prefect starts
+    doctor(loaded, chosen, force)
     from flows.pipeline import run_pipeline
 
     return run_pipeline(loaded, stages=chosen, resume=resume)
@@ -48,10 +70,14 @@ def run(
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma-separated stages to run (default: every stage in the recipe)."),
     overrides: list[str] = SetOpt,
     resume: bool = typer.Option(False, "--resume", help="Continue each stage from its latest checkpoint."),
+    force: bool = typer.Option(False, "--force", help="Run even when the recipe doctor (`stagewise check`) finds errors."),
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,
 ) -> None:
     """Run a recipe's stages as one Prefect flow, tracked in MLflow.
+
+    The recipe doctor (`stagewise check`) judges the chosen stages first: its warnings are
+    printed, its errors stop the run with exit 2 before anything starts, unless --force.
 
     Ends with one row per stage: its target metric before -> after, tokens, wall time and
     MLflow run id (`--json`: the same rows under "stages", each with its full result). A rerun
@@ -63,7 +89,7 @@ def run(
       stagewise run recipes/tiny.yaml --set runtime.device=cpu --json
     """
     loaded = load(recipe, overrides)
-    result = _run(loaded, stages, resume)
+    result = _run(loaded, stages, resume, force)
     emit(result, as_json, lambda: _closing(result))
 
 
