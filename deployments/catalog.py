@@ -8,6 +8,8 @@ overrides, resume), so the Prefect UI shows one form everywhere:
     stagewise-recipe/<stage>         one stage, with the stages it reads (merge: pretrain,merge;
                                      a finished, unchanged pretraining is reused, not retrained)
     stagewise-promote/promote        move <stage>-champion to the run a cutoff rule picks (flows/promote.py)
+    stagewise-ablation/ablate        one stage once per variant, compared (flows/deployed.py
+                                     `ablate_recipe_flow`: the variants, budget and start in the form)
     nightly-eval/nightly-eval        the newest registered checkpoint on the recipe's suites, nightly
                                      (flows/nightly_eval.py; scheduled with --schedule)
     stagewise-promote/promote        cutoffs as a job (flows/promote.py): move `<stage>-champion` to
@@ -25,14 +27,14 @@ from pathlib import Path
 
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
 
-from flows.deployed import run_recipe_flow
+from flows.deployed import ablate_recipe_flow, run_recipe_flow
 from flows.nightly_eval import evaluate_latest_flow
 from flows.promote import promote_flow
 
 WEEKLY_CRON = "0 3 * * 0"
 """Sundays at 03:00 UTC: a full pipeline run a week."""
 
-PIPELINE, WEEKLY, PROMOTE, NIGHTLY = "pipeline", "weekly", "promote", "nightly-eval"
+PIPELINE, WEEKLY, PROMOTE, NIGHTLY, ABLATE = "pipeline", "weekly", "promote", "nightly-eval", "ablate"
 NIGHTLY_CRON = "0 2 * * *"
 """Every night at 02:00 UTC: the newest registered checkpoint scored on the recipe's suites."""
 
@@ -81,6 +83,9 @@ def build_deployments(recipe: str | Path, schedule: bool = True, cron: str = WEE
         name=NIGHTLY, description="Score the newest registered checkpoint on the recipe's eval suites.",
         tags=["stagewise"], entrypoint_type=EntrypointType.MODULE_PATH, parameters=default,
         **({"cron": NIGHTLY_CRON} if schedule else {})))
+    made.append(ablate_recipe_flow.to_deployment(
+        name=ABLATE, description="Run one stage once per variant (NAME or NAME:KEY=VALUE) and compare them.",
+        tags=["stagewise"], entrypoint_type=EntrypointType.MODULE_PATH, parameters=default))
     return made
 
 

@@ -72,3 +72,41 @@ def run_recipe_flow(
     publish_summary(summary)
     logger.info("done: workdir %s; MLflow %s (experiment %s)", summary["workdir"], summary["tracking_uri"], summary["experiment"])
     return summary
+
+
+AblatableStage = Literal[("pretrain", "sft", "rl", "distill", "quantize")]  # flows.ablate_plan.ablatable()
+"""The stages an ablation can run alone, as the form's choices (tests hold it to ablatable())."""
+
+
+@flow(name="stagewise-ablation", validate_parameters=False, log_prints=False)
+def ablate_recipe_flow(
+    recipe: str,
+    stage: AblatableStage,  # type: ignore[valid-type]
+    variants: list[str],
+    budget: float = 0.25,
+    start: Optional[str] = None,
+    parallel: int = 1,
+    overrides: Optional[list[str]] = None,
+) -> dict:
+    """An ablation as `stagewise ablate` runs it: `variants` are `NAME` or `NAME:KEY=VALUE` strings
+    (a name repeated gathers its overrides), `budget` the fraction of the stage's budget each trains,
+    `start` the checkpoint every variant starts from (default: model.from). Every variant is checked
+    (overrides and the recipe doctor) before any work; the comparison is the run's artifact in the UI."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from eval.ablation import render_text
+    from flows.ablate import run_ablation
+    from flows.ablate_plan import plan_ablation
+    from flows.doctor import diagnose, failing
+
+    plan = plan_ablation(recipe, stage, list(variants), list(overrides or []), budget, start)
+    for v in plan.variants:
+        errors = failing(diagnose(plan.loaded[v.name], [stage]))
+        if errors:
+            from data.errors import BadInput
+
+            raise BadInput([f"--variant {v.name}: {f.line()}" for f in errors], title="the recipe doctor found errors")
+    result = run_ablation(plan, parallel)
+    create_markdown_artifact(key="stagewise-ablation", description=f"ablation of {stage}",
+                             markdown=f"```\n{render_text(result['comparison'])}\n```\n\nMLflow run `{result['run_id']}`.")
+    return result

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deployments.catalog import NIGHTLY, NIGHTLY_CRON, PIPELINE, PROMOTE, WEEKLY, build_deployments, stage_selections
+from deployments.catalog import ABLATE, NIGHTLY, NIGHTLY_CRON, PIPELINE, PROMOTE, WEEKLY, build_deployments, stage_selections
 from flows.deployed import check_request
 from flows.registry import REGISTRY
 
@@ -17,8 +17,8 @@ TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 
 def test_one_deployment_for_the_pipeline_the_schedule_and_each_stage():
     everything = [d.name for d in build_deployments(TINY)]
-    assert everything == [PIPELINE, WEEKLY, *(s.name for s in REGISTRY), PROMOTE, NIGHTLY]
-    made = {d.name: d for d in build_deployments(TINY) if d.name not in (PROMOTE, NIGHTLY)}
+    assert everything == [PIPELINE, WEEKLY, *(s.name for s in REGISTRY), PROMOTE, NIGHTLY, ABLATE]
+    made = {d.name: d for d in build_deployments(TINY) if d.name not in (PROMOTE, NIGHTLY, ABLATE)}
     assert {d.flow_name for d in made.values()} == {"stagewise-recipe"}
     assert {d.entrypoint for d in made.values()} == {"flows.deployed.run_recipe_flow"}  # importable from any directory
     assert all(d.parameters["recipe"] == str(TINY.resolve()) for d in made.values())
@@ -45,3 +45,37 @@ def test_each_stage_alone_runs_with_what_it_reads_and_passes_the_checks(tmp_path
     for stage, stages in picks.items():
         assert stages[-1] == stage
         assert check_request(str(TINY), stages, [f"workdir={tmp_path}"])[1] == stages
+
+
+def test_the_ablation_deployment_offers_the_stages_an_ablation_can_run():
+    from typing import get_args
+
+    from flows.ablate_plan import ablatable
+    from flows.deployed import AblatableStage
+
+    ablate = {d.name: d for d in build_deployments(TINY)}[ABLATE]
+    assert ablate.flow_name == "stagewise-ablation" and ablate.entrypoint == "flows.deployed.ablate_recipe_flow"
+    assert ablate.parameters == {"recipe": str(TINY.resolve())}
+    assert list(get_args(AblatableStage)) == ablatable()
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.deployed import ablate_recipe_flow
+
+    form = parameter_schema(ablate_recipe_flow.fn)  # what the UI's form is built from
+    assert {"stage", "variants", "budget", "start", "parallel", "overrides"} <= set(form.properties)
+    assert form.required == ["recipe", "stage", "variants"]
+    assert ablate.enforce_parameter_schema
+
+
+def test_the_ablation_flow_refuses_a_bad_variant_before_any_work(tmp_path):
+    import pytest
+
+    from data.errors import BadInput
+    from flows.deployed import ablate_recipe_flow
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    with pytest.raises(BadInput, match="--variant hot"):
+        ablate_recipe_flow.fn(str(TINY), "sft", ["a", "hot:stages.sft.stages[0].optimizer.lr=0.01"],
+                              start=str(tmp_path / "ckpt"), overrides=[f"workdir={tmp_path}/w"])
+    assert not (tmp_path / "w").exists()
