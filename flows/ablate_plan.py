@@ -116,12 +116,27 @@ def ablatable() -> list[str]:
     return [s.name for s in REGISTRY if not s.needs]
 
 
+def _check_distill_alone(block) -> None:
+    """Distillation names earlier stages' results (`student: sft`, `stage:` teachers): alone, they are not there."""
+    from flows.recipe import STAGE_ORDER
+
+    named = [f"stages.distill.teachers[{i}].stage: {t.stage}" for i, t in enumerate(block.teachers) if t.stage]
+    if block.student in STAGE_ORDER:
+        named.insert(0, f"stages.distill.student: {block.student}")
+    if named:
+        raise RecipeError([f"--stage distill: an ablation runs the stage alone, without the earlier stages these name; "
+                           f"give them as checkpoint directories (--set ...student=DIR, teachers[i]={{..., checkpoint: DIR}}) "
+                           f"or as --from: {'; '.join(named)}"])
+
+
 def _check_stage(base: LoadedRecipe, stage: str, start: str | None) -> str | None:
     if stage not in ablatable():
         raise RecipeError([f"--stage {stage!r}: an ablation runs one stage alone; choose one of "
                            f"{', '.join(ablatable())} (merge and long_context read pretraining's results)"])
     if getattr(base.recipe.stages, stage) is None:
         raise RecipeError([f"--stage {stage}: the recipe {base.path} has no stages.{stage} block"])
+    if stage == "distill":
+        _check_distill_alone(base.recipe.stages.distill)
     if registered(stage).start != "handed_on":
         return None
     start = start or base.recipe.model.from_

@@ -17,8 +17,9 @@ step r = after round r), `distill/heldout/teacher/pass_at_1/<domain>` (step r: r
 teachers), `distill/recovered/<domain>`, `distill/chat/...` and `distill/retained`; a nested
 run per round with per-step `distill/reverse_kl/<domain>`, `distill/logprob_gap/<domain>`,
 `distill/train_accuracy/<domain>`, the clip and masked-IS fractions, tokens/s. Every round and
-every teacher is a content-addressed step: an unchanged recipe reuses them. The final student
-is registered with the alias `distill`.
+every teacher is a content-addressed step: an unchanged recipe reuses them. The run's tags
+`stagewise.teacher.<name>[.round<r>]` name each teacher's checkpoint. The final student is
+registered with the alias `distill`.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
         round_results = []
         for r in range(1, cfg.rounds + 1):
             teachers = {t.name: _teacher(teacher_ctx, block, t, student, upstream, r) for t in cfg.teachers}
+            tracker.set_tags(run_id, {f"stagewise.teacher.{n}" + (f".round{r}" if r > 1 else ""): str(p)
+                                      for n, p in teachers.items()})  # which checkpoint taught each domain
             from data.tokenizer_match import check_same_tokenizer
 
             check_same_tokenizer(student, teachers)
@@ -191,7 +194,7 @@ class _Evaluator:
         from eval.heldout import end_ids
         from model.build import load_model
         from model.rollout.hf import HFGenerator
-        from tasks.rl import heldout_eval_task
+        from tasks.rl import ScoresCache, heldout_eval_task
 
         if not ids:
             return {}
@@ -203,7 +206,8 @@ class _Evaluator:
         ro = cfg.rollout
         return value_of(heldout_eval_task(generator, wiring, ids, self.block.data.heldout_samples, ro.max_new_tokens,
                                           ro.temperature, self.ctx.seed, self.ctx.tracker, self.run_id, (at, 0),
-                                          prefix=prefix))
+                                          prefix=prefix, cache=ScoresCache(str(self.ctx.stages_root),
+                                                                           checkpoint_hash(checkpoint))))
 
     def student(self, checkpoint: str, at: int) -> dict[str, float]:
         return self._score(checkpoint, [r.id for r in self.heldout], "distill/heldout/student", at)

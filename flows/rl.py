@@ -37,7 +37,7 @@ from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish,
                          stage_run, start_checkpoint)
 from tasks.policy import run_logger
 from tasks.refs import StageResult, StageSummary
-from tasks.rl import (RLWiring, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
+from tasks.rl import (RLWiring, ScoresCache, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
                       rl_world_task)
 from tasks.sft_data import resolve
 from tasks.steps import file_hash, step_dir, value_of
@@ -198,11 +198,11 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
              ", ".join(f"{k} {v}" for k, v in counts.items()))
 
     heldout_ids = [r.id for r in heldout_rows]
-    evaluate = lambda at: value_of(heldout_eval_task(  # noqa: E731
+    evaluate = lambda at, weights: value_of(heldout_eval_task(  # noqa: E731
         generator, wiring, heldout_ids, cfg.data.heldout_samples, ro.max_new_tokens, ro.temperature, ctx.seed,
-        tracker, run_id, at)) if heldout_ids else {}
+        tracker, run_id, at, cache=ScoresCache(str(ctx.stages_root), weights))) if heldout_ids else {}
     generator.sync_weights(policy.state_dict())
-    before = evaluate((0, 0))
+    before = evaluate((0, 0), checkpoint_hash(start_from))
     _say_heldout(log, block.name, "before", before)
 
     by_domain: dict[str, list[tuple[str, float]]] = {}
@@ -239,7 +239,7 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     resume = resume_point(out_dir, ctx.resume)
     ckpt = value_of(rl_train_task(trainer, batches, resume.path if resume else None, tracker, run_id))
     generator.sync_weights(policy.state_dict())
-    after = evaluate((ckpt.step, ckpt.tokens_seen))
+    after = evaluate((ckpt.step, ckpt.tokens_seen), ckpt.sha256 or checkpoint_hash(ckpt.path))
     _say_heldout(log, block.name, "after", after)
     deltas = {f"rl/heldout/{k.split('/', 2)[2]}_delta": after[k] - before[k] for k in before if k in after}
     tracker.log_metrics(run_id, [(ckpt.step, ckpt.tokens_seen, deltas)])

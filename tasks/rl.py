@@ -19,6 +19,8 @@ response length, rollout tokens/s).
 from __future__ import annotations
 
 import json
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,22 +169,58 @@ def _log_profile(rates: dict[str, float], wiring: RLWiring, samples: int, tracke
     tracker.log_figure(run_id, pass_rate_histogram(per, samples), "rl/profile_pass_rates.png")
 
 
+@dataclass(frozen=True)
+class ScoresCache:
+    """Where a held-out evaluation's scores are kept, and which weights the generator holds.
+
+    An evaluation is a content-addressed step too: `<root>/heldout-<hash>/scores.json`, the hash over
+    the weights' sha256, the prompts (ids, token ids, rows), samples, tokens, temperature, seed and
+    the generator kind. The same checkpoint scored the same way twice (RL's start and distillation's
+    student are both SFT's checkpoint) is scored once; the second asks and reads the file."""
+
+    root: str
+    weights: str
+
+    def path(self, generator, wiring: RLWiring, ids: list[str], settings: list) -> Path:
+        prompts = [[i, list(wiring.prompts[i].ids), wiring.rows[i].environment,
+                    wiring.rows[i].row.model_dump(mode="json")] for i in ids]
+        spec = {"weights": self.weights, "prompts": prompts, "settings": settings,
+                "generator": type(generator).__name__, "version": RL_DATA_VERSION}
+        return Path(self.root) / f"heldout-{step_hash('heldout', spec)}" / "scores.json"
+
+
 @task(**once("rl-heldout"))
 def heldout_eval_task(generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
                       temperature: float, seed: int, tracker: Tracker, run_id: str, at: tuple[int, int],
-                      prefix: str = "rl/heldout") -> dict[str, float]:
+                      prefix: str = "rl/heldout", cache: ScoresCache | None = None) -> dict[str, float]:
     """pass@1 and greedy accuracy per domain on the held-out prompts, logged as `<prefix>/pass_at_1/<domain>`
-    and `<prefix>/greedy/<domain>` at `at` = (step, tokens)."""
+    and `<prefix>/greedy/<domain>` at `at` = (step, tokens); read from `cache` when these weights were
+    scored this way before."""
+    path = cache.path(generator, wiring, ids, [samples, max_new_tokens, temperature, seed]) if cache else None
+    if path is not None and path.is_file():
+        scores = json.loads(path.read_text())
+        run_logger().info("%s: held-out scores of these weights read from %s (scored before)", prefix, path.parent)
+    else:
+        scores = _heldout_scores(generator, wiring, ids, samples, max_new_tokens, temperature, seed)
+        if path is not None:  # written whole or not at all: a temporary sibling, then renamed
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp-{os.getpid()}-{threading.get_ident()}")
+            tmp.write_text(json.dumps(scores))
+            tmp.replace(path)
+    metrics = {f"{prefix}/{kind}/{d}": v for kind, per in scores.items() for d, v in per.items()}
+    tracker.log_metrics(run_id, [(at[0], at[1], metrics)])
+    return metrics
+
+
+def _heldout_scores(generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
+                    temperature: float, seed: int) -> dict[str, dict[str, float]]:
     from model.rl_batches import pass_rates
 
     prompts = [wiring.prompts[i] for i in ids]
     sampled = by_domain(pass_rates(generator, prompts, wiring.score, samples, max_new_tokens, temperature, seed),
                         wiring)
     greedy = by_domain(pass_rates(generator, prompts, wiring.score, 1, max_new_tokens, 0.0, seed), wiring)
-    metrics = {f"{prefix}/pass_at_1/{d}": v for d, v in sampled.items()}
-    metrics |= {f"{prefix}/greedy/{d}": v for d, v in greedy.items()}
-    tracker.log_metrics(run_id, [(at[0], at[1], metrics)])
-    return metrics
+    return {"pass_at_1": sampled, "greedy": greedy}
 
 
 @task(**once("rl-train"))

@@ -69,7 +69,10 @@ def test_mlflow_holds_curation_packing_and_before_after(sft_run):
         assert m[f"sft/{sub}/packs"] >= 8 and f"sft/{sub}/mix/arithmetic" in m
     assert m["sft/stage2/mix/kept_previous"] > 0 and m["sft/stage2/mix/long_context"] > 0
     assert m["sft/stage2/dropped"] > 0  # the longest records overflow 4096-token packs: dropped, counted
-    artifacts = {a.path for d in ("curation", "reports", "data") for a in client.list_artifacts(sft.info.run_id, d)}
+    artifacts = {a.path for d in ("curation", "reports", "data", "data_profile")
+                 for a in client.list_artifacts(sft.info.run_id, d)}
+    assert {"data_profile/profile.json", "data_profile/profile.png"} <= artifacts  # the curated data's profile
+    assert m["data/profile/tools/top_share"] == 1.0  # the demo world's one tool: the calculator
     assert {"curation/summary.json", "curation/reject_reasons.png", "curation/dirty.rejects.jsonl",
             "reports/sft_before_after.png", "reports/sft_before_after.json", "data/stage1.json"} <= artifacts
     for name in ("eval/sft_heldout/exact_match", "eval/sft_heldout/loss", "eval/world_chat_format/exact_match"):

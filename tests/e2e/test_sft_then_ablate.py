@@ -17,9 +17,9 @@ NO_FORMAT = [f"no_format:stages.sft.stages[{i}].blend.weights.format=0" for i in
 
 @pytest.fixture(scope="module")
 def ablation(tiny_pretrain, cli):
-    proc = cli("ablate", str(cli.tiny), "--stage", "sft", "--from", str(tiny_pretrain.checkpoint), "--budget", "0.1",
+    proc = cli("ablate", str(cli.tiny), "--stage", "sft", "--from", str(tiny_pretrain.checkpoint), "--budget", "0.05",
                "--variant", "with_format", *(a for v in NO_FORMAT for a in ("--variant", v)),
-               *cli.sets(*tiny_pretrain.sets, *cli.sft_sets), "--json")
+               *cli.sets(*tiny_pretrain.sets, *cli.sft_sets, "stages.sft.data.heldout_limit=100"), "--json")
     return cli.summary(proc)
 
 

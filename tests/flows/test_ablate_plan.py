@@ -59,8 +59,9 @@ def test_step_budgets_for_rl_and_distill():
     assert rl["stages.rl.steps"] == str(recipe.stages.rl.steps // 2)
     distill = dict(o.split("=") for o in budget_overrides(recipe, "distill", 0.5))
     assert distill["stages.distill.steps"] == str(recipe.stages.distill.steps // 2)
-    teacher = recipe.stages.distill.teachers[0].rl["steps"]
-    assert distill["stages.distill.teachers[0].rl.steps"] == str(round(teacher / 2))
+    teacher = recipe.stages.distill.teachers[1].rl["steps"]  # [0] is a stage teacher: no budget of its own
+    assert distill["stages.distill.teachers[1].rl.steps"] == str(round(teacher / 2))
+    assert not any("teachers[0]" in k for k in distill)
     assert budget_overrides(recipe, "quantize", 0.5) == [] and budget_overrides(recipe, "sft", 1.0) == []
 
 
@@ -83,3 +84,13 @@ def test_a_fine_tune_needs_a_start(tmp_path):
         plan_ablation(TINY, "sft", ["a", "b"], start=str(tmp_path))  # no config.json
     with pytest.raises(RecipeError, match="budget"):
         plan_ablation(TINY, "sft", ["a", "b"], budget=0, start=str(tmp_path))
+
+
+def test_distill_alone_refuses_the_earlier_stages_it_names(start):
+    with pytest.raises(RecipeError) as err:
+        plan_ablation(TINY, "distill", ["a", "b"], start=start)
+    assert "stages.distill.student: sft" in str(err.value) and "stages.distill.teachers[0].stage: rl" in str(err.value)
+    plan = plan_ablation(TINY, "distill", ["a", "b"], [f"stages.distill.teachers[0]={{name: arithmetic, domains: "
+                                                        f"[arithmetic], checkpoint: {start}}}", "stages.distill.student=null"],
+                         budget=0.5, start=start)
+    assert plan.recipe("a").stages.distill.steps == round(load_recipe(TINY).recipe.stages.distill.steps / 2)

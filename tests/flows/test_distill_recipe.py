@@ -64,7 +64,7 @@ def test_inconsistent_blocks_are_refused(fields, message):
 
 
 def test_recipe_checks_name_the_field():
-    assert "stages.distill.teachers[0].rl.steps" in problems("stages.distill.teachers[0].rl={steps: 0}")
+    assert "stages.distill.teachers[1].rl.steps" in problems("stages.distill.teachers[1].rl={steps: 0}")
     text = problems("stages.distill.teachers[1]={name: format, domains: [format], stage: quantize}")
     assert "stages.distill.teachers[1].stage" in text and "runs before distill" in text
     assert "unknown stage 'rll'" in problems("stages.distill.teachers[1]={name: format, domains: [format], stage: rll}")

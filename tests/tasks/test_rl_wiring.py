@@ -66,3 +66,41 @@ def test_by_domain_weighs_every_prompt_the_same(tmp_path, tokenizer):
     wiring = RLWiring(tokenizer, tasks, RewardConfig(), reasoning=False)
     means = by_domain({"a:1": [1.0, 0.0], "a:2": [1.0], "a:3": [0.0, 0.0, 0.0, 0.0]}, wiring)
     assert means == {"a": 0.5, "b": 0.5, "all": 0.5}
+
+
+class _CountingGenerator:
+    """Answers "5" to every prompt, and counts how often it is asked."""
+
+    def __init__(self, tokenizer):
+        self.answer, self.calls = tokenizer("5", add_special_tokens=False).input_ids, 0
+
+    def generate(self, prompts, n, max_new_tokens, temperature, seed):
+        self.calls += 1
+        return [[Rollout(list(p), list(self.answer)) for _ in range(n)] for p in prompts]
+
+
+class _Tracker:
+    def __init__(self):
+        self.logged = []
+
+    def log_metrics(self, run_id, records):
+        self.logged.extend(records)
+
+
+def test_heldout_scores_are_read_back_for_the_same_weights_only(tmp_path, tokenizer):
+    from tasks.rl import ScoresCache, heldout_eval_task
+
+    tasks = load_tasks(_rows(tmp_path, [ROW, {**ROW, "expected_answer": 6}]), "a", None, None)
+    wiring = RLWiring(tokenizer, tasks, RewardConfig(), reasoning=False)
+    gen, tracker, ids = _CountingGenerator(tokenizer), _Tracker(), [t.id for t in tasks]
+    score = lambda weights, prefix: heldout_eval_task.fn(  # noqa: E731
+        gen, wiring, ids, 2, 4, 1.0, 0, tracker, "run", (0, 0), prefix=prefix, cache=ScoresCache(str(tmp_path), weights))
+    first = score("sha-a", "rl/heldout")
+    assert first["rl/heldout/pass_at_1/a"] == 0.5 and gen.calls == 2  # sampled + greedy
+    again = score("sha-a", "distill/heldout/student")
+    assert gen.calls == 2  # read back, not generated
+    assert again == {k.replace("rl/heldout", "distill/heldout/student"): v for k, v in first.items()}
+    assert tracker.logged[-1][2] == again  # logged under the caller's prefix
+    score("sha-b", "rl/heldout")
+    assert gen.calls == 4  # other weights: scored
+    assert len(list(tmp_path.glob("heldout-*/scores.json"))) == 2

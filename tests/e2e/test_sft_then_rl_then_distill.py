@@ -1,13 +1,15 @@
-"""End to end: sft -> distill in one `stagewise run recipes/tiny.yaml --stages pretrain,sft,distill`.
+"""End to end: sft -> rl -> distill in one `stagewise run recipes/tiny.yaml --stages pretrain,sft,rl,distill`.
 
-Pretraining and SFT are the session's (tests/e2e/conftest.py: the SFT test's settings, so the
-run finds both finished and trains nothing there). The stage is the recipe's block as the demo
-runs it: two RL teachers trained inside the stage from SFT's checkpoint (arithmetic only, format
-only), then the student (SFT's checkpoint) distilled from both. Checks what a user relies on: the
-teachers start where the student does, each teacher's run and each round's run sit under the
-`distill` run in MLflow with their metrics, held-out pass@1 of the student and of every teacher is
-logged, the `distill` alias and the closing-table row exist, and the student gains. A second,
-short run with `rounds: 2` retrains the teachers from round 1's student.
+Pretraining, SFT and RL are the session's (tests/e2e/conftest.py: the SFT and RL tests' settings, so
+the run finds all three finished and trains nothing there; this module sorts after test_sft_then_rl.py,
+which must be the one to train RL). The stage is the recipe's block as the demo runs it: an
+arithmetic teacher that is the RL stage's checkpoint, a format teacher trained inside the stage from
+SFT's checkpoint, then the student (SFT's checkpoint) distilled from both. Checks what a user relies
+on: each teacher is the checkpoint it should be (the trained one starts where the student does), the
+trained teacher's run and each round's run sit under the `distill` run in MLflow with their metrics,
+held-out pass@1 of the student and of every teacher is logged, the `distill` alias and the
+closing-table row exist, and the student gains. A second, short run with `rounds: 2` and two trained
+teachers retrains both from round 1's student.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def distill_run(tiny_pretrain, cli):
-    proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft,distill",
+    proc = cli("run", str(cli.tiny), "--stages", "pretrain,sft,rl,distill",
                *cli.sets(*tiny_pretrain.sets, *cli.sft_sets, *cli.rl_sets), "--json")
     summary = cli.summary(proc)
     from mlflow import MlflowClient
@@ -40,19 +42,22 @@ def _history(client, run, name):
 
 
 @pytest.mark.slow
-def test_teachers_are_trained_from_the_students_start_under_the_distill_run(distill_run):
+def test_each_teacher_is_its_checkpoint_and_the_trained_one_starts_where_the_student_does(distill_run):
     summary, client, runs = distill_run
-    assert [s["stage"] for s in summary["stages"]] == ["pretrain", "sft", "distill"]
-    sft = summary["stages"][1]
+    assert [s["stage"] for s in summary["stages"]] == ["pretrain", "sft", "rl", "distill"]
+    sft, rl = summary["stages"][1], summary["stages"][2]
+    assert rl["reused"]  # the RL test trained it
     distill = _one(runs, "distill")
     assert distill.data.tags["stagewise.start_checkpoint"] == sft["checkpoint"]
-    for domain in ("arithmetic", "format"):
-        teacher = _one(runs, f"distill-teacher-{domain}")
-        assert teacher.data.tags["stagewise.start_checkpoint"] == sft["checkpoint"]
-        assert teacher.data.tags["mlflow.parentRunId"] == distill.info.run_id
-        # trained on its own domain only (and scored by the distill run, not by itself)
-        assert {k for k in teacher.data.metrics if k.startswith("rl/train_accuracy/")} == {f"rl/train_accuracy/{domain}"}
-        assert not any(k.startswith("rl/heldout/") for k in teacher.data.metrics)
+    assert distill.data.tags["stagewise.teacher.arithmetic"] == rl["checkpoint"]
+    assert not [r for r in runs if r.info.run_name == "distill-teacher-arithmetic"]  # a stage teacher: not trained
+    teacher = _one(runs, "distill-teacher-format")
+    assert Path(distill.data.tags["stagewise.teacher.format"]).parent.name.startswith("distill-teacher-format-")
+    assert teacher.data.tags["stagewise.start_checkpoint"] == sft["checkpoint"]
+    assert teacher.data.tags["mlflow.parentRunId"] == distill.info.run_id
+    # trained on its own domain only (and scored by the distill run, not by itself)
+    assert {k for k in teacher.data.metrics if k.startswith("rl/train_accuracy/")} == {"rl/train_accuracy/format"}
+    assert not any(k.startswith("rl/heldout/") for k in teacher.data.metrics)
     round1 = _one(runs, "distill/round-1")
     assert round1.data.tags["mlflow.parentRunId"] == distill.info.run_id
     steps = len(_history(client, round1, "distill/reverse_kl"))
@@ -68,7 +73,7 @@ def test_teachers_are_trained_from_the_students_start_under_the_distill_run(dist
 @pytest.mark.slow
 def test_the_student_gains_what_its_teachers_gained(distill_run):
     summary, client, runs = distill_run
-    m = summary["stages"][2]["metrics"]
+    m = summary["stages"][3]["metrics"]
     print("distill " + ", ".join(
         f"{d}: student {m[f'base/distill/heldout/student/pass_at_1/{d}']:.3f} -> "
         f"{m[f'distill/heldout/student/pass_at_1/{d}']:.3f}, teacher {m[f'distill/heldout/teacher/pass_at_1/{d}']:.3f}"
@@ -80,15 +85,16 @@ def test_the_student_gains_what_its_teachers_gained(distill_run):
     distill = _one(runs, "distill")
     assert [s for s, _ in _history(client, distill, "distill/heldout/student/pass_at_1/all")] == [0, 1]
     assert m["distill/retained"] in (0.0, 1.0) and "distill/chat/worst_delta" in m
-    row = summary["stages"][2]
+    row = summary["stages"][3]
     assert row["metric"] == "distill/heldout/student/pass_at_1/all" and row["after"] > row["before"]
 
 
 @pytest.mark.slow
 def test_a_second_round_retrains_the_teachers_from_the_first_rounds_student(tiny_pretrain, cli):
+    trained = "rl: {steps: 2, filter: null, data: {heldout_limit: 8}}"  # rounds > 1: every teacher trained here
     short = ["stages.distill.steps=3", "stages.distill.rounds=2", "stages.distill.eval_suite=null",
-             "stages.distill.teachers[0].rl={steps: 2, filter: null, data: {heldout_limit: 8}}",
-             "stages.distill.teachers[1].rl={steps: 2, filter: null, data: {heldout_limit: 8}}",
+             f"stages.distill.teachers=[{{name: arithmetic, domains: [arithmetic], {trained}}}, "
+             f"{{name: format, domains: [format], {trained}}}]",
              "stages.distill.checkpoint_every_steps=null", "stages.rl.data.heldout_limit=16"]
     summary = cli.summary(cli("run", str(cli.tiny), "--stages", "pretrain,sft,distill",
                               *cli.sets(*tiny_pretrain.sets, *cli.sft_sets, *cli.rl_sets, *short), "--json"))
