@@ -23,6 +23,7 @@ from flows.rl_schema import RLData, RLStage
 from model.config import MonitorConfig, OptimizerConfig, ScheduleConfig
 from model.objectives.grpo import GRPOConfig
 from model.rl_batches import SamplingSettings
+from model.scaleout.config import EngineChoice
 
 
 class _Config(BaseModel):
@@ -55,7 +56,7 @@ class TeacherSpec(_Config):
         return self
 
 
-class DistillStage(_Config):
+class DistillStage(EngineChoice):
     """Multi-teacher on-policy distillation (docs/ALGORITHMS.md section 7)."""
 
     data: RLData | None = None

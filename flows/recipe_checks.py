@@ -39,7 +39,27 @@ def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out += _suite_problems(r, "stages.merge", r.stages.merge)
     out += _suite_problems(r, "stages.quantize", r.stages.quantize)
     out += _quantize_problems(r) if r.stages.quantize else []
+    out += _engine_problems(r)
     return out + _preset_problems(r.model)
+
+
+def _engine_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Each trainable stage's engine is one it can have, and a launched engine says where it runs."""
+    from model.scaleout.config import ENGINES_BY_STAGE
+
+    out = []
+    for name, engines in ENGINES_BY_STAGE.items():
+        block = getattr(r.stages, name)
+        if block is None:
+            continue
+        at = f"stages.{name}"
+        if block.engine not in engines:
+            out.append((f"{at}.engine", f"{block.engine!r} cannot train {name}; choose one of {', '.join(engines)}",
+                        f"{at}.engine"))
+        elif block.engine != "torch" and block.launch is None:
+            out.append((f"{at}.launch", f"engine {block.engine!r} is launched: give `launch` "
+                        "(env: {image: ...} or {venv: ...}, nodes, gpus_per_node, parallel)", f"{at}.engine"))
+    return out
 
 
 def _merge_problems(r: Recipe) -> list[tuple[str, str, str]]:

@@ -26,6 +26,7 @@ from flows.rl_schema import RLStage
 from flows.stage_schemas import LongContextStage, MergeStage
 from model.config import LoRAConfig, ModelConfig, TrainConfig
 from model.runtime import RuntimeConfig
+from model.scaleout.config import EngineChoice
 
 
 class _Config(BaseModel):
@@ -41,7 +42,7 @@ class TrackingConfig(_Config):
     """MLflow experiment; default the recipe name."""
 
 
-class PretrainStage(TrainConfig):
+class PretrainStage(TrainConfig, EngineChoice):
     """Phased pretraining: one LR schedule over the stage, blends switching at token fractions."""
 
     phases: list[PhaseConfig] = Field(min_length=1)
@@ -77,7 +78,7 @@ class SFTSubStage(TrainConfig):
     """Train LoRA adapters only; every checkpoint is saved merged (a plain model)."""
 
 
-class SFTStage(_Config):
+class SFTStage(EngineChoice):
     """Supervised fine-tuning: curate conversations, then train one or more sub-stages in turn."""
 
     data: SFTDataConfig

@@ -19,6 +19,7 @@ from eval.rewards import RewardConfig
 from model.config import MonitorConfig, OptimizerConfig, ScheduleConfig
 from model.objectives.grpo import GRPOConfig
 from model.rl_batches import PlateauRule, RolloutSettings
+from model.scaleout.config import EngineChoice
 
 
 class _Config(BaseModel):
@@ -83,7 +84,7 @@ class DifficultyFilter(_Config):
     """Also drop prompts solved 0/k (default: kept and counted; the curriculum weighs them late)."""
 
 
-class RLStage(_Config):
+class RLStage(EngineChoice):
     """GRPO on verifiable rewards (docs/ALGORITHMS.md sections 5 and 6)."""
 
     data: RLData

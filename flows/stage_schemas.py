@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from data.long_context_config import LongContextDataConfig
 from model.config import MonitorConfig, OptimizerConfig, ScheduleConfig, TrainConfig
+from model.scaleout.config import EngineChoice
 
 
 class _Config(BaseModel):
@@ -45,7 +46,7 @@ class MergeStage(_Config):
         return self
 
 
-class LongContextStage(_Config):
+class LongContextStage(EngineChoice):
     """Long-context continued pretraining: constant LR, a sequence-length mix, its own blend."""
 
     tokens: int = Field(gt=0)

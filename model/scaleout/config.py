@@ -134,3 +134,14 @@ class LaunchConfig(_Config):
     def data_parallel(self) -> int:
         """Data-parallel size: the GPUs one model replica leaves."""
         return self.gpus // self.parallel.model_parallel
+
+
+class EngineChoice(_Config):
+    """The `engine` and `launch` keys every trainable stage block has (flows/recipe_checks.py checks
+    the engine against the stage: ENGINES_BY_STAGE, and that a launched engine has a `launch`)."""
+
+    engine: Engine = "torch"
+    """Which engine trains the stage: torch (ours, in this process), megatron (Megatron-Bridge:
+    pretrain, long_context, sft) or nemo_rl (NeMo RL: rl, distill), the last two launched."""
+    launch: LaunchConfig | None = None
+    """Where a launched engine runs (its environment, nodes, GPUs, scheduler, parallel sizes)."""

@@ -1,0 +1,50 @@
+"""The `engine` / `launch` keys of trainable stages: which engines a stage takes, and a launch that fits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.recipe import RecipeError, load_recipe
+
+TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
+VENV = "{env: {venv: /opt/mbridge}, gpus_per_node: 8, parallel: {tp: 2, cp: 2, sequence_parallel: true}}"
+
+
+def problems(*sets: str) -> str:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(TINY, list(sets))
+    return str(info.value)
+
+
+def test_torch_is_the_default_everywhere():
+    stages = load_recipe(TINY).recipe.stages
+    assert {s.engine for s in (stages.pretrain, stages.long_context, stages.sft, stages.rl, stages.distill)} == {"torch"}
+
+
+def test_a_launched_engine_validates_with_its_launch():
+    r = load_recipe(TINY, ["stages.pretrain.engine=megatron", f"stages.pretrain.launch={VENV}",
+                           "stages.rl.engine=nemo_rl", "stages.rl.launch={env: {image: nvcr.io/nvidia/nemo-rl:v0.5}}"]).recipe
+    assert r.stages.pretrain.launch.data_parallel == 2 and r.stages.pretrain.launch.parallel.sequence_parallel
+    assert r.stages.rl.launch.env.image.startswith("nvcr.io")
+
+
+@pytest.mark.parametrize("stage,engine", [("rl", "megatron"), ("distill", "megatron"), ("pretrain", "nemo_rl"),
+                                          ("sft", "nemo_rl"), ("long_context", "nemo_rl")])
+def test_an_engine_that_cannot_train_the_stage_is_named(stage, engine):
+    text = problems(f"stages.{stage}.engine={engine}", f"stages.{stage}.launch={VENV}")
+    assert f"stages.{stage}.engine: '{engine}' cannot train {stage}" in text
+
+
+def test_a_launched_engine_without_launch_says_what_to_give():
+    assert "stages.sft.launch: engine 'megatron' is launched: give `launch`" in problems("stages.sft.engine=megatron")
+
+
+def test_bad_launch_fields_are_named():
+    assert "stages.pretrain.launch.env" in problems("stages.pretrain.launch={env: {image: a, venv: b}}")
+    text = problems("stages.pretrain.launch={env: {venv: v}, gpus_per_node: 6, parallel: {tp: 4}}")
+    assert "stages.pretrain.launch" in text and "not a multiple of tp * pp * cp = 4" in text
+    assert "sequence_parallel needs tp > 1" in problems(
+        "stages.pretrain.launch={env: {venv: v}, parallel: {sequence_parallel: true}}")
+    assert "stages.pretrain.engine" in problems("stages.pretrain.engine=jax")
