@@ -60,8 +60,8 @@ def pipeline_flow(
     with tracker.run(recipe.name, tags) as parent:
         tracker.log_params(parent, flatten_recipe(recipe) | runtime.params())
         tracker.log_text(parent, yaml.safe_dump(recipe.model_dump(mode="json", by_alias=True), sort_keys=False), "recipe.yaml")
-        logger.info("MLflow: %s (experiment %s, run %s); runtime %s/%s",
-                    tracker.uri, tracker.experiment, parent, runtime.device, runtime.precision)
+        logger.info("MLflow: %s (experiment %s, run %s); runtime %s/%s; Mamba kernels: %s",
+                    tracker.uri, tracker.experiment, parent, runtime.device, runtime.precision, runtime.mamba_kernels)
         ctx = StageContext(workdir=str(workdir), base_dir=base_dir, seed=recipe.seed, recipe_hash=digest,
                            tracker=tracker, parent_run_id=parent, resume=resume, runtime=runtime)
         upstream = Upstream()

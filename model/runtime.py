@@ -5,6 +5,13 @@ One choice for the whole run, made once before any work starts and handed to eve
 plain fp32 on CPU (CPU autocast is slower than fp32 for small models). Asking for `cuda` on a
 machine without one is bad input, found before training rather than at the first tensor.
 
+On CUDA the Mamba-2 layers run mamba-ssm's and causal-conv1d's kernels when both are installed
+(transformers' NemotronH takes its fast path then, and model/packed.py hands packed rows'
+boundaries to them as `seq_idx`); otherwise transformers' PyTorch path. Which one a run gets is
+decided here, once, from the installed packages (never imported here: they are GPU-only) and
+logged with the runtime (`runtime.mamba_kernels`), so a slow GPU run that silently fell back
+is visible in MLflow.
+
 A stage's own `precision` wins over the runtime's when it is not `auto`. The device is kept
 out of step hashes (a checkpoint trained on a GPU is reused on a CPU rerun); the precision is
 in them through the stage's resolved train config.
@@ -35,10 +42,13 @@ class Runtime(BaseModel):
 
     device: Literal["cpu", "cuda"] = "cpu"
     precision: Literal["fp32", "bf16"] = "fp32"
+    mamba_kernels: str = "none (cpu)"
+    """What Mamba-2 layers run: `mamba-ssm <v> + causal-conv1d <v>`, or why the PyTorch path."""
 
     def params(self) -> dict[str, str]:
         """As MLflow params."""
-        return {"runtime.device": self.device, "runtime.precision": self.precision}
+        return {"runtime.device": self.device, "runtime.precision": self.precision,
+                "runtime.mamba_kernels": self.mamba_kernels}
 
     def precision_for(self, stage_precision: str) -> str:
         """A stage's precision: its own when set, else the runtime's."""
@@ -66,4 +76,21 @@ def resolve_runtime(cfg: RuntimeConfig) -> Runtime:
     if cfg.precision == "bf16" and device == "cuda" and not bf16_ok:
         raise RuntimeUnavailable("runtime.precision", "bf16 was asked for but this CUDA device does not support it")
     precision = "bf16" if cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_ok) else "fp32"
-    return Runtime(device=device, precision=precision)
+    return Runtime(device=device, precision=precision, mamba_kernels=mamba_kernels(device))
+
+
+def mamba_kernels(device: str) -> str:
+    """The Mamba-2 kernels a run on `device` uses, from the installed distributions (nothing imported)."""
+    if device != "cuda":
+        return "none (cpu)"
+    from importlib.metadata import PackageNotFoundError, version
+
+    found, missing = [], []
+    for dist in ("mamba-ssm", "causal-conv1d"):
+        try:
+            found.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            missing.append(dist)
+    if missing:
+        return f"none: {' and '.join(missing)} not installed (PyTorch path; pip install 'stagewise[gpu]')"
+    return " + ".join(found)

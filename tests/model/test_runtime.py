@@ -16,9 +16,13 @@ def test_auto_on_a_cpu_machine_is_cpu_fp32(monkeypatch):
 def test_auto_on_a_bf16_gpu_is_cuda_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    assert resolve_runtime(RuntimeConfig()) == Runtime(device="cuda", precision="bf16")
-    assert resolve_runtime(RuntimeConfig(device="cpu")) == Runtime(device="cpu", precision="fp32")
-    assert resolve_runtime(RuntimeConfig(precision="fp32")) == Runtime(device="cuda", precision="fp32")
+    def got(cfg):
+        rt = resolve_runtime(cfg)
+        return rt.device, rt.precision
+
+    assert got(RuntimeConfig()) == ("cuda", "bf16")
+    assert got(RuntimeConfig(device="cpu")) == ("cpu", "fp32")
+    assert got(RuntimeConfig(precision="fp32")) == ("cuda", "fp32")
 
 
 def test_cuda_without_a_gpu_names_the_field(monkeypatch):
@@ -31,4 +35,26 @@ def test_cuda_without_a_gpu_names_the_field(monkeypatch):
 def test_a_stage_precision_wins_over_the_runtime():
     rt = Runtime(device="cuda", precision="bf16")
     assert rt.precision_for("auto") == "bf16" and rt.precision_for("fp32") == "fp32"
-    assert rt.params() == {"runtime.device": "cuda", "runtime.precision": "bf16"}
+    assert rt.params() == {"runtime.device": "cuda", "runtime.precision": "bf16", "runtime.mamba_kernels": "none (cpu)"}
+
+
+def test_the_mamba_kernels_are_named_from_the_installed_distributions(monkeypatch):
+    import importlib.metadata as md
+
+    from model.runtime import mamba_kernels
+
+    assert mamba_kernels("cpu") == "none (cpu)"
+    installed = {"mamba-ssm": "2.2.4", "causal-conv1d": "1.5.0"}
+
+    def version(dist):
+        if dist not in installed:
+            raise md.PackageNotFoundError(dist)
+        return installed[dist]
+
+    monkeypatch.setattr(md, "version", version)
+    assert mamba_kernels("cuda") == "mamba-ssm 2.2.4 + causal-conv1d 1.5.0"
+    del installed["causal-conv1d"]
+    assert mamba_kernels("cuda").startswith("none: causal-conv1d not installed (PyTorch path")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert "causal-conv1d not installed" in resolve_runtime(RuntimeConfig()).mamba_kernels
