@@ -102,11 +102,31 @@ def runtime_of(loaded: LoadedRecipe) -> Runtime:
         raise RecipeError([f"{e.field}: {e} ({where})"]) from None
 
 
+def check_engines(loaded: LoadedRecipe, names: list[str]) -> None:
+    """Every launched engine of the chosen stages can be launched here (its venv holds the engine, the
+    scheduler's tool is on PATH); RecipeError naming the field, its line, and how to get the engine."""
+    from model.scaleout.availability import EngineMissing, check_engine
+
+    problems = []
+    for name in names:
+        block = getattr(loaded.recipe.stages, name, None)
+        if getattr(block, "engine", "torch") == "torch":
+            continue
+        try:
+            check_engine(block.engine, block.launch, field=f"stages.{name}.launch")
+        except EngineMissing as e:
+            where = cite_location(locate(e.field, loaded.sources, str(loaded.path)))
+            problems.append(f"{e.field}: {e.message} ({where})")
+    if problems:
+        raise RecipeError(problems)
+
+
 def run_pipeline(loaded: LoadedRecipe, stages: list[str] | None = None, resume: bool = False) -> dict:
-    """Validate the stage selection and runtime, run the flow, and summarise where everything went."""
+    """Validate the stage selection, runtime and engines, run the flow, and summarise where everything went."""
     chosen = chosen_stages(loaded.recipe, stages)
     check_starts(loaded.recipe, [s.name for s in chosen])  # bad input fails before Prefect starts
     runtime = runtime_of(loaded)
+    check_engines(loaded, [s.name for s in chosen])
     state = pipeline_flow(loaded.recipe, str(loaded.path.parent.resolve()), stages, resume, runtime, return_state=True)
     results = state.result()
     workdir = Path(loaded.recipe.workdir).resolve()

@@ -48,3 +48,19 @@ def test_bad_launch_fields_are_named():
     assert "sequence_parallel needs tp > 1" in problems(
         "stages.pretrain.launch={env: {venv: v}, parallel: {sequence_parallel: true}}")
     assert "stages.pretrain.engine" in problems("stages.pretrain.engine=jax")
+
+
+def test_run_exits_2_naming_the_missing_engine_and_how_to_get_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"base: {TINY}\nworkdir: {tmp_path / 'work'}\nstages:\n  pretrain:\n    engine: megatron\n"
+                      f"    launch:\n      env: {{venv: {tmp_path / 'no-venv'}}}\n")
+    result = CliRunner().invoke(app, ["run", str(recipe), "--stages", "pretrain"])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "stages.pretrain.launch.env.venv" in text and "r.yaml:7" in text
+    assert "megatron-bridge" in text and "nvcr.io/nvidia/nemo" in text  # how to get it
+    assert not (tmp_path / "work" / "stages").exists()  # nothing started
