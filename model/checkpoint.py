@@ -233,6 +233,29 @@ def save_checkpoint(
     return final
 
 
+def adopt_checkpoint(export_dir: str | os.PathLike, dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None,
+                     meta: CheckpointMeta) -> Path:
+    """Publish a Hugging Face export another engine wrote (Megatron-Bridge's or NeMo RL's HF export)
+    as our checkpoint `dir`: its files copied, the tokenizer added where the export has none, and
+    `stagewise.json` written, atomically like save_checkpoint. Refuses an export that is not a
+    loadable HF directory (no config.json or no safetensors weights), naming what is missing."""
+    src = Path(export_dir)
+    if not (src / "config.json").is_file():
+        raise FileNotFoundError(f"{src}: the engine's export has no config.json (not a Hugging Face checkpoint)")
+    if not list(src.glob("*.safetensors")):
+        raise FileNotFoundError(f"{src}: the engine's export has no *.safetensors weights")
+    final = Path(dir)
+    with atomic_dir(final) as tmp:
+        for item in sorted(src.iterdir()):
+            if item.is_file() and item.name != META_FILE:
+                shutil.copy2(item, tmp / item.name)
+        if tokenizer_dir is not None:
+            _copy_tokenizer(Path(tokenizer_dir), tmp)
+        doc = asdict(meta) | {"weight_sha256": weights_sha256(tmp)}
+        (tmp / META_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True))
+    return final
+
+
 # ---------------------------------------------------------------- read
 
 

@@ -188,3 +188,29 @@ def test_sigkill_during_save_leaves_previous_checkpoint(tmp_path, tiny_model):
     # A later save under the same name clears the dead process's temp dir.
     ck.save_checkpoint(tmp_path / "step-00000002", tiny_model, None, _meta(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001", "step-00000002"]
+
+
+def test_an_engine_export_is_adopted_with_its_meta_and_tokenizer(tmp_path, tiny_checkpoint):
+    from model.checkpoint import CheckpointMeta, adopt_checkpoint, read_meta, weights_sha256
+
+    export = tmp_path / "export"
+    export.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (export / name).write_bytes((tiny_checkpoint / name).read_bytes())
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_bytes((tiny_checkpoint / "tokenizer.json").read_bytes())
+    (tok / "config.json").write_text("{}")  # never over the model's own config
+    out = adopt_checkpoint(export, tmp_path / "stage" / "step-00000010", tok,
+                           CheckpointMeta(stage="pretrain", step=10, tokens_seen=640, recipe_hash="h", parent="p"))
+    meta = read_meta(out)
+    assert (meta.step, meta.tokens_seen, meta.parent) == (10, 640, "p")
+    assert meta.weight_sha256 == weights_sha256(tiny_checkpoint)
+    assert (out / "tokenizer.json").is_file() and (out / "config.json").read_text() != "{}"
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+    (export / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        adopt_checkpoint(export, tmp_path / "stage" / "step-2", None, meta)
+    assert not (tmp_path / "stage" / "step-2").exists()
