@@ -29,10 +29,10 @@ SFT_SETS = [
     "stages.sft.data.heldout_limit=200", "stages.sft.eval_limit=30", "eval.chat=[world_chat_format]",
 ]
 
-# RL and distillation as the demo runs them, but held-out pass@1 over 16 samples per prompt (the demo
-# uses 8 to save time): the e2e model is weaker, its gains smaller (a format teacher +0.013), and
-# the tests assert their sign.
-RL_SETS = ["stages.rl.data.heldout_samples=16"]
+# RL and distillation as the demo runs them (held-out pass@1 over 8 samples per prompt, every held-out
+# prompt): the e2e model is weaker and its gains smaller, so the tests assert their sign. Held-out
+# scoring is half of these stages' time; 16 samples per prompt cost CI three minutes.
+RL_SETS: list[str] = []
 
 
 @dataclass(frozen=True)
