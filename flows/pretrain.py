@@ -65,11 +65,14 @@ def pretrain_spec(block: PretrainInputs, train: TrainConfig, seed: int) -> dict:
     checkpoint is handed on. Evaluation-only settings (eval_suite, val_tokens without a gate)
     and the data's `quality` labels are left out."""
     gate = block.stage.gate
-    return {
+    spec = {
         "model": block.model, "train": train, "phases": block.stage.phases, "seed": seed,
         "max_epochs": {s.name: s.max_epochs for s in block.data.sources},
         "gate": None if gate is None else [gate, block.suites.get(gate.suite or ""), block.stage.val_tokens],
     }
+    if block.stage.engine != "torch":  # another engine's weights: another step (torch steps keep their hashes)
+        spec["engine"] = [block.stage.engine, block.stage.launch]
+    return spec
 
 
 def evaluator(prepared: PreparedRef, seq_length: int, val_tokens: int, suite: list[str] | None,
@@ -91,12 +94,16 @@ def pretrain_flow(ctx: StageContext, block: PretrainInputs, upstream: Upstream |
     with stage_run(ctx, STAGE) as run_id:
         prepared = value_of(prepare_data_task(block.data, block.tokenizer, ctx.workdir, ctx.seed, ctx.base_dir,
                                               tracker, run_id))
-        train_cfg = train_config(stage, ctx.runtime.precision_for(stage.precision))
+        launched = stage.engine != "torch"  # Megatron-Bridge trains bf16 on GPUs, whatever this machine is
+        train_cfg = train_config(stage, ("bf16" if stage.precision == "auto" else stage.precision) if launched
+                                 else ctx.runtime.precision_for(stage.precision))
         out_dir = step_dir(ctx.stages_root, STAGE, pretrain_spec(block, train_cfg, ctx.seed), [prepared.digest])
         reused = reused_result(ctx, STAGE, run_id, out_dir)
         if reused is not None:
             logger.info("pretrain already finished in %s: reusing %s", out_dir, reused.checkpoint)
             return reused
+        if launched:
+            return _on_megatron(ctx, block, train_cfg, prepared, run_id, out_dir)
         spec = TrainSpec(
             stage=STAGE, model=block.model, train=train_cfg, out_dir=str(out_dir), seed=ctx.seed,
             recipe_hash=ctx.recipe_hash, device=ctx.runtime.device,
@@ -123,6 +130,29 @@ def pretrain_flow(ctx: StageContext, block: PretrainInputs, upstream: Upstream |
                              data_root=prepared.root, stage_dir=str(out_dir), summary=summary)
         final = {f"eval/validation/{k}": v for k, v in metrics.items()}
         return finish(ctx, out_dir, result, final, at=(ckpt.step, ckpt.tokens_seen))
+
+
+def _on_megatron(ctx: StageContext, block: PretrainInputs, train_cfg: TrainConfig, prepared: PreparedRef, run_id: str,
+                 out_dir) -> StageResult:
+    """The stage trained by Megatron-Bridge (flows/launched_megatron.py), scored here like ours."""
+    from data.prepare import PreparedData
+    from flows.launched import run_engine
+    from flows.launched_megatron import pretrain_plan
+    from model.scaleout.megatron_bridge import MLflowTarget
+
+    stage = block.stage
+    mlflow = MLflowTarget(ctx.tracker.uri, ctx.tracker.experiment, run_id, STAGE)
+    plan = pretrain_plan(train_cfg, stage.phases, block.model, stage.launch, prepared.root, out_dir, ctx.seed, mlflow)
+    tokenizer = str(PreparedData.load(prepared.root).tokenizer_dir)
+    ckpt = run_engine(ctx, STAGE, stage.engine, stage.launch, run_id, out_dir, plan, parent=None, tokenizer_dir=tokenizer)
+    metrics = validation_task(ckpt, prepared, train_cfg.seq_length, stage.val_tokens, ctx.tracker, run_id,
+                              device=ctx.runtime.device)
+    summary = StageSummary(metric=TARGET, before=None, after=metrics["loss"], tokens=ckpt.tokens_seen)
+    headline = {f"validation_{k}": v for k, v in metrics.items() if k in ("loss", "unigram_baseline")}
+    result = StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=None, metrics=headline,
+                         data_root=prepared.root, stage_dir=str(out_dir), summary=summary)
+    final = {f"eval/validation/{k}": v for k, v in metrics.items()}
+    return finish(ctx, out_dir, result, final, at=(ckpt.step, ckpt.tokens_seen))
 
 
 STAGE_ENTRY = Stage(name=STAGE, flow=pretrain_flow, select=select)

@@ -59,7 +59,18 @@ def _engine_problems(r: Recipe) -> list[tuple[str, str, str]]:
         elif block.engine != "torch" and block.launch is None:
             out.append((f"{at}.launch", f"engine {block.engine!r} is launched: give `launch` "
                         "(env: {image: ...} or {venv: ...}, nodes, gpus_per_node, parallel)", f"{at}.engine"))
+        elif block.engine != "torch" and name not in LAUNCHED_STAGES:
+            out.append((f"{at}.engine", f"the {name} stage cannot launch {block.engine!r} yet (only pretrain "
+                        "does; model/scaleout/ translates this block, docs/STACK.md says how far)", f"{at}.engine"))
+        elif block.engine != "torch" and getattr(block, "gate", None) is not None:
+            out.append((f"{at}.gate", f"a gate evaluates between chunks of our engine's training; {block.engine!r} "
+                        "trains the stage in one go: drop the gate or use engine torch", f"{at}.gate"))
     return out
+
+
+LAUNCHED_STAGES = ("pretrain",)
+"""Stages whose flow launches their engine (flows/launched*.py); the others' translations exist but
+are not wired into their flows yet."""
 
 
 def _merge_problems(r: Recipe) -> list[tuple[str, str, str]]:

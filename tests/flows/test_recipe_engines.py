@@ -24,10 +24,21 @@ def test_torch_is_the_default_everywhere():
 
 
 def test_a_launched_engine_validates_with_its_launch():
-    r = load_recipe(TINY, ["stages.pretrain.engine=megatron", f"stages.pretrain.launch={VENV}",
-                           "stages.rl.engine=nemo_rl", "stages.rl.launch={env: {image: nvcr.io/nvidia/nemo-rl:v0.5}}"]).recipe
+    r = load_recipe(TINY, ["stages.pretrain.engine=megatron", f"stages.pretrain.launch={VENV}"]).recipe
     assert r.stages.pretrain.launch.data_parallel == 2 and r.stages.pretrain.launch.parallel.sequence_parallel
-    assert r.stages.rl.launch.env.image.startswith("nvcr.io")
+
+
+@pytest.mark.parametrize("stage,engine", [("sft", "megatron"), ("long_context", "megatron"), ("rl", "nemo_rl"),
+                                          ("distill", "nemo_rl")])
+def test_stages_whose_flow_does_not_launch_yet_say_so(stage, engine):
+    text = problems(f"stages.{stage}.engine={engine}", f"stages.{stage}.launch={VENV}")
+    assert f"stages.{stage}.engine: the {stage} stage cannot launch '{engine}' yet" in text
+
+
+def test_a_gate_cannot_ride_a_launched_engine():
+    text = problems("stages.pretrain.engine=megatron", f"stages.pretrain.launch={VENV}",
+                    "stages.pretrain.gate={suite: chat, eval_every_tokens: 131072, all: [{metric: eval/validation/loss, op: '<', value: 5}]}")
+    assert "stages.pretrain.gate: a gate evaluates between chunks" in text
 
 
 @pytest.mark.parametrize("stage,engine", [("rl", "megatron"), ("distill", "megatron"), ("pretrain", "nemo_rl"),
