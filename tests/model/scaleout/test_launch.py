@@ -160,6 +160,9 @@ def _fake_slurm(tmp_path: Path, rc: int) -> tuple[dict[str, str], Path]:
         if "hostname" in sys.argv:
             print("10.0.0.1 fe80::1")
             sys.exit(0)
+        if "ray start --head" in sys.argv[-1]:  # the script kills the background workers when the head ends:
+            import time                          # give their srun the time to record itself first
+            time.sleep(2)
         sys.exit({rc})
         """))
     for tool in ("scontrol", "srun"):
