@@ -119,17 +119,25 @@ def pretrain_flow(ctx: StageContext, block: PretrainInputs, upstream: Upstream |
         phase_ends = [(p.name, round(p.until * train_cfg.tokens)) for p in stage.phases]
         ckpt, decision = run_stretches(spec, phase_ends, total, resume_point(out_dir, ctx.resume), evaluate,
                                        tracker, run_id, gate, evaluate_start=True)
-        metrics = validation_task(ckpt, prepared, train_cfg.seq_length, stage.val_tokens, tracker, run_id,
-                                  device=ctx.runtime.device)
+        return _handed_on(ctx, block, train_cfg, prepared, ckpt, decision, run_id, out_dir, loss_report=True)
+
+
+def _handed_on(ctx: StageContext, block: PretrainInputs, train_cfg: TrainConfig, prepared: PreparedRef,
+               ckpt: CheckpointRef, decision: dict | None, run_id: str, out_dir, loss_report: bool) -> StageResult:
+    """Score the checkpoint the stage hands on (whichever engine trained it) and finish the step."""
+    tracker = ctx.tracker
+    metrics = validation_task(ckpt, prepared, train_cfg.seq_length, block.stage.val_tokens, tracker, run_id,
+                              device=ctx.runtime.device)
+    if loss_report:
         loss_report_task(tracker, run_id, STAGE)
-        history = tracker.metric_histories(run_id, [TARGET]).get(TARGET, [])
-        before = next((v for step, _, v in history if step == 0), None)
-        summary = StageSummary(metric=TARGET, before=before, after=metrics["loss"], tokens=ckpt.tokens_seen)
-        headline = {f"validation_{k}": v for k, v in metrics.items() if k in ("loss", "unigram_baseline")}
-        result = StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=decision, metrics=headline,
-                             data_root=prepared.root, stage_dir=str(out_dir), summary=summary)
-        final = {f"eval/validation/{k}": v for k, v in metrics.items()}
-        return finish(ctx, out_dir, result, final, at=(ckpt.step, ckpt.tokens_seen))
+    history = tracker.metric_histories(run_id, [TARGET]).get(TARGET, [])
+    before = next((v for step, _, v in history if step == 0), None)
+    summary = StageSummary(metric=TARGET, before=before, after=metrics["loss"], tokens=ckpt.tokens_seen)
+    headline = {f"validation_{k}": v for k, v in metrics.items() if k in ("loss", "unigram_baseline")}
+    result = StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=decision, metrics=headline,
+                         data_root=prepared.root, stage_dir=str(out_dir), summary=summary)
+    final = {f"eval/validation/{k}": v for k, v in metrics.items()}
+    return finish(ctx, out_dir, result, final, at=(ckpt.step, ckpt.tokens_seen))
 
 
 def _on_megatron(ctx: StageContext, block: PretrainInputs, train_cfg: TrainConfig, prepared: PreparedRef, run_id: str,
@@ -145,14 +153,7 @@ def _on_megatron(ctx: StageContext, block: PretrainInputs, train_cfg: TrainConfi
     plan = pretrain_plan(train_cfg, stage.phases, block.model, stage.launch, prepared.root, out_dir, ctx.seed, mlflow)
     tokenizer = str(PreparedData.load(prepared.root).tokenizer_dir)
     ckpt = run_engine(ctx, STAGE, stage.engine, stage.launch, run_id, out_dir, plan, parent=None, tokenizer_dir=tokenizer)
-    metrics = validation_task(ckpt, prepared, train_cfg.seq_length, stage.val_tokens, ctx.tracker, run_id,
-                              device=ctx.runtime.device)
-    summary = StageSummary(metric=TARGET, before=None, after=metrics["loss"], tokens=ckpt.tokens_seen)
-    headline = {f"validation_{k}": v for k, v in metrics.items() if k in ("loss", "unigram_baseline")}
-    result = StageResult(stage=STAGE, checkpoint=ckpt.path, run_id=run_id, gate=None, metrics=headline,
-                         data_root=prepared.root, stage_dir=str(out_dir), summary=summary)
-    final = {f"eval/validation/{k}": v for k, v in metrics.items()}
-    return finish(ctx, out_dir, result, final, at=(ckpt.step, ckpt.tokens_seen))
+    return _handed_on(ctx, block, train_cfg, prepared, ckpt, None, run_id, out_dir, loss_report=False)
 
 
 STAGE_ENTRY = Stage(name=STAGE, flow=pretrain_flow, select=select)
