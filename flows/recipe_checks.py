@@ -65,7 +65,25 @@ def _engine_problems(r: Recipe) -> list[tuple[str, str, str]]:
         elif block.engine != "torch" and getattr(block, "gate", None) is not None:
             out.append((f"{at}.gate", f"a gate evaluates between chunks of our engine's training; {block.engine!r} "
                         "trains the stage in one go: drop the gate or use engine torch", f"{at}.gate"))
+        elif name == "pretrain" and block.engine == "megatron":
+            out += _megatron_pretrain_problems(r)
     return out
+
+
+def _megatron_pretrain_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """What the Megatron-Bridge translation would refuse at the stage's start, found now: the same
+    translation, on placeholder paths (data and checkpoints do not exist before the run)."""
+    from model.scaleout.megatron_bridge import MegatronUnsupported, plan_megatron
+
+    pre = r.stages.pretrain
+    view = TrainConfig.model_validate(pre.model_dump(include=set(TrainConfig.model_fields)))
+    view = view.model_copy(update={"precision": "bf16" if pre.precision == "auto" else pre.precision})
+    try:
+        plan_megatron(view, pre.launch, r.model, stage_mode="pretrain", save_dir="/placeholder",
+                      blend=[("/placeholder", 1.0)], vocab_size=r.tokenizer.vocab_size, field="stages.pretrain")
+    except MegatronUnsupported as e:
+        return [(e.field, e.message, e.field)]
+    return []
 
 
 LAUNCHED_STAGES = ("pretrain",)

@@ -14,9 +14,11 @@ it is imported here. What this module builds is plain data:
   (`export_argv`, or the LoRA merge for adapter runs), so every stage still hands on an HF-format
   checkpoint whatever engine trained it.
 
-Our configs count tokens; Megatron counts optimizer steps (iterations). Every token amount must
-therefore be a whole number of steps (`tokens_per_step` = seq_length x global_batch), else the
-translation refuses: a silently rounded warmup or stage length would be a different schedule.
+Our configs count tokens; Megatron counts optimizer steps (iterations), converted as our own engine
+counts them (`tokens_per_step` = seq_length x global_batch): the stage budget rounded down to whole
+steps (TrainConfig.total_steps: both engines train the same number of steps), warmup, decay and the
+checkpoint interval to the nearest step (at least one). A 20T-token recipe need not be a multiple
+of its step.
 
 What does not translate raises `MegatronUnsupported` naming the recipe key to change (see
 docs/STACK.md, "Megatron-Bridge translation"). Upstream facts come from NVIDIA-NeMo/Megatron-Bridge
@@ -246,12 +248,13 @@ class MLflowTarget:
     run_name: str
 
 
-def _steps(tokens: int, per_step: int, field: str) -> int:
-    if tokens % per_step:
-        raise MegatronUnsupported(field, f"{tokens} tokens is not a whole number of steps of {per_step} tokens "
-                                  f"(seq_length x global_batch); Megatron-Bridge counts in steps: use a multiple "
-                                  f"such as {max(1, round(tokens / per_step)) * per_step}")
-    return tokens // per_step
+def _steps(tokens: int, per_step: int, field: str, budget: bool = False) -> int:
+    """Tokens as Megatron's whole steps, as our engine counts them: a budget rounded down (like
+    TrainConfig.total_steps: a 20T-token recipe need not be a multiple of its step), an interval
+    (warmup, decay, checkpoints) to the nearest step and at least one when it is set."""
+    if budget:
+        return tokens // per_step
+    return max(1, round(tokens / per_step)) if tokens > 0 else 0
 
 
 _LORA_TARGETS = {"o_proj": "linear_proj", "in_proj": "in_proj"}
@@ -414,7 +417,7 @@ def plan_megatron(train: TrainConfig, launch: LaunchConfig, model: ModelConfig, 
 
     # steps
     per_step = train.tokens_per_step
-    iters = _steps(train.tokens, per_step, f"{field}.tokens")
+    iters = _steps(train.tokens, per_step, f"{field}.tokens", budget=True)
     sched = train.schedule
     warmup = _steps(sched.warmup_tokens, per_step, f"{field}.schedule.warmup_tokens")
     every = train.checkpoint_every_tokens

@@ -9,7 +9,8 @@ import pytest
 from flows.recipe import RecipeError, load_recipe
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
-VENV = "{env: {venv: /opt/mbridge}, gpus_per_node: 8, parallel: {tp: 2, cp: 2, sequence_parallel: true}}"
+VENV = ("{env: {venv: /opt/mbridge, workdir: /opt/Megatron-Bridge}, gpus_per_node: 8, "
+        "parallel: {tp: 2, cp: 2, sequence_parallel: true}}")
 
 
 def problems(*sets: str) -> str:
@@ -33,6 +34,29 @@ def test_a_launched_engine_validates_with_its_launch():
 def test_stages_whose_flow_does_not_launch_yet_say_so(stage, engine):
     text = problems(f"stages.{stage}.engine={engine}", f"stages.{stage}.launch={VENV}")
     assert f"stages.{stage}.engine: the {stage} stage cannot launch '{engine}' yet" in text
+
+
+def test_what_megatron_bridge_would_refuse_is_found_before_the_run():
+    launch = "stages.pretrain.launch={env: {venv: /opt/mbridge}, gpus_per_node: 2}"
+    assert "stages.pretrain.launch.env.workdir: set it to the Megatron-Bridge checkout" in problems(
+        "stages.pretrain.engine=megatron", launch)
+    text = problems("stages.pretrain.engine=megatron", f"stages.pretrain.launch={VENV}", "stages.pretrain.precision=fp32")
+    assert "stages.pretrain.precision: the Megatron-Bridge recipes train in bf16" in text
+
+
+def test_the_published_4b_recipe_translates_in_whole_steps_as_our_engine_counts_them():
+    from flows.pretrain import train_config
+    from model.scaleout.megatron_bridge import plan_megatron
+
+    recipe = TINY.parent / "nemotron-3-nano-4b.yaml"
+    launch = "{env: {image: nvcr.io/nvidia/nemo:26.08, workdir: /opt/Megatron-Bridge}, nodes: 96, gpus_per_node: 8}"
+    r = load_recipe(recipe, ["stages.pretrain.engine=megatron", f"stages.pretrain.launch={launch}"]).recipe
+    plan = plan_megatron(train_config(r.stages.pretrain, "bf16"), r.stages.pretrain.launch, r.model,
+                         stage_mode="pretrain", save_dir="/ckpt", blend=[("/data/web", 1.0)], field="stages.pretrain")
+    # 20T tokens / (8192 x 768) = 3,178,914.4 steps: rounded down, as TrainConfig.total_steps does
+    assert plan.train_iters == 3_178_914 == r.stages.pretrain.total_steps
+    assert plan.overrides["scheduler.lr_warmup_iters"] == 31_789  # 200B tokens, to the nearest step
+    assert plan.overrides["checkpoint.save_interval"] == 3_974  # 25B tokens
 
 
 def test_a_gate_cannot_ride_a_launched_engine():
@@ -68,7 +92,8 @@ def test_run_exits_2_naming_the_missing_engine_and_how_to_get_it(tmp_path):
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"base: {TINY}\nworkdir: {tmp_path / 'work'}\nstages:\n  pretrain:\n    engine: megatron\n"
-                      f"    launch:\n      env: {{venv: {tmp_path / 'no-venv'}}}\n")
+                      f"    launch:\n      env: {{venv: {tmp_path / 'no-venv'}, workdir: /opt/Megatron-Bridge}}\n"
+                      "      gpus_per_node: 2\n")
     result = CliRunner().invoke(app, ["run", str(recipe), "--stages", "pretrain"])
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.split())
