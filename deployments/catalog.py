@@ -1,7 +1,7 @@
 """Every Prefect deployment of stagewise, defined here in Python (there is no prefect.yaml).
 
 All of them run one flow, flows/deployed.py `run_recipe_flow` (recipe path, stages, `--set`
-overrides, resume), so the Prefect UI shows one form everywhere:
+overrides, resume, force: run despite the recipe doctor's errors), so the Prefect UI shows one form everywhere:
 
     stagewise-recipe/pipeline        the whole recipe, or the stages picked in the form
     stagewise-recipe/weekly          the same, on a cron schedule (default Sundays 03:00 UTC)

@@ -19,7 +19,7 @@ runner starts each flow run there).
 
 from typing import Literal, Optional
 
-from prefect import flow, get_run_logger
+from prefect import flow
 
 from flows.recipe import LoadedRecipe, available_stages, load_recipe, select_stages
 
@@ -55,17 +55,31 @@ def run_recipe_flow(
     stages: Optional[list[StageName]] = None,  # type: ignore[valid-type]
     overrides: Optional[list[str]] = None,
     resume: bool = False,
+    force: bool = False,
 ) -> dict:
     """Run a recipe's stages (all of them when `stages` is empty) as `stagewise run` does.
 
     `overrides` are `--set` values, e.g. `stages.pretrain.tokens=491520`; `resume` continues each
-    stage from its latest checkpoint. Returns the run's summary (the `stagewise run --json` document);
-    the closing table is also the flow run's artifact in the UI.
+    stage from its latest checkpoint; `force` runs even when the recipe doctor finds errors (as
+    `stagewise run --force`: its errors fail the flow run before any work, its warnings are logged).
+    Returns the run's summary (the `stagewise run --json` document); the closing table is also the
+    flow run's artifact in the UI.
     """
+    from flows.doctor import diagnose, failing
     from flows.pipeline import run_pipeline  # the stages (torch) load only once the input is good
+    from tasks.policy import run_logger
 
     loaded, chosen = check_request(recipe, stages, overrides)
-    logger = get_run_logger()
+    logger = run_logger()
+    findings = diagnose(loaded, chosen)
+    errors = failing(findings)
+    for finding in findings:
+        if finding not in errors or force:
+            logger.warning("recipe doctor: %s", finding.line())
+    if errors and not force:
+        from data.errors import BadInput
+
+        raise BadInput([f.line() for f in errors], title="the recipe doctor found errors (run with force to run anyway)")
     logger.info("recipe %s (%s), stages %s, overrides %s, resume %s", loaded.path, loaded.recipe.name,
                 ",".join(chosen) if chosen else "all", list(overrides or []) or "none", resume)
     summary = run_pipeline(loaded, stages=chosen, resume=resume)

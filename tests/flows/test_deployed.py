@@ -76,3 +76,12 @@ def test_the_form_offers_the_available_stages():
     overrides = [s for s in props["overrides"]["anyOf"] if s.get("type") == "array"][0]
     assert overrides["items"]["type"] == "string"
     assert props["resume"]["type"] == "boolean" and props["resume"]["default"] is False
+    assert props["force"]["type"] == "boolean" and props["force"]["default"] is False
+
+
+def test_the_recipe_doctor_refuses_before_any_work_as_stagewise_run_does(tmp_path):
+    workdir = tmp_path / "w"
+    with pytest.raises(BadInput, match=r"the recipe doctor found errors[\s\S]*stages\.sft\.stages\[0\]\.optimizer\.lr[\s\S]*finetune-lr"):
+        run_recipe_flow.fn(recipe=str(TINY), stages=["sft"],
+                           overrides=[f"workdir={workdir}", "stages.sft.stages[0].optimizer.lr=0.05"])
+    assert not workdir.exists()
