@@ -34,6 +34,7 @@ Only the `pretrain` and `vllm` measurements need a GPU; the parsing and the tabl
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import statistics
@@ -73,17 +74,9 @@ def format_table(rows: list[dict[str, Any]], title: str = "GPU check") -> str:
         tps = "-" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:,.0f}"
         mfu = "-" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
         table.add_row(r["what"], r["status"], tps, mfu, r.get("kernels") or "", r.get("note") or "")
-    console = Console(width=160, no_color=True, force_terminal=False, record=True, file=_Null())
+    console = Console(width=160, no_color=True, force_terminal=False, record=True, file=io.StringIO())
     console.print(table)
     return console.export_text()
-
-
-class _Null:
-    def write(self, _s: str) -> int:
-        return 0
-
-    def flush(self) -> None:
-        pass
 
 
 def parse_megatron_log(text: str, global_batch: int, seq_length: int, peak_tflops: float | None,

@@ -20,7 +20,7 @@ Conversions run as one process on one node; training launches get the whole `lau
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -45,8 +45,6 @@ class EngineStep:
     """torchrun: one process per GPU (Megatron-Bridge training); single: one process (conversions, NeMo RL's driver)."""
     one_node: bool = False
     """Run on one node with one GPU, whatever `launch` says (checkpoint conversions)."""
-    files: dict[str, str] = field(default_factory=dict)
-    """Files to write before it runs (path -> text: e.g. a NeMo RL config YAML)."""
 
 
 @dataclass(frozen=True)
@@ -87,9 +85,6 @@ def run_engine(ctx: StageContext, stage: str, engine: str, launch: LaunchConfig,
     mounts = [f"{Path(ctx.workdir).resolve()}:{Path(ctx.workdir).resolve()}"]
     for step in plan.steps:
         cfg = one_node(launch) if step.one_node else launch
-        for path, text in step.files.items():
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text)
         lp = plan_launch(cfg, step.entry, out_dir, style=step.style, name=step.name, env=env, field=field_path,
                          container_tool=tool, mounts=mounts)
         lp.write_files()

@@ -16,6 +16,7 @@ The task does not retry: a training launch that died is resumed by `stagewise ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -70,14 +71,13 @@ def stream_process(name: str, argv: list[str], cwd: Path, env: dict[str, str], l
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the whole group, SIGKILL after 30 s; a group already gone is fine."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @task(**once("launch-engine"))
