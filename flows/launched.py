@@ -65,6 +65,12 @@ def one_node(launch: LaunchConfig) -> LaunchConfig:
     return launch.model_copy(update={"nodes": 1, "gpus_per_node": 1, "parallel": Parallelism()})
 
 
+def with_engine(spec: dict, block) -> dict:
+    """A stage step's spec with its engine and launch when they are not ours: another engine's
+    weights are another step, while torch steps keep the hashes they always had."""
+    return spec if block.engine == "torch" else {**spec, "engine": [block.engine, block.launch]}
+
+
 def engine_env(ctx: StageContext, run_id: str) -> dict[str, str]:
     """What a launched engine needs to log into the stage's MLflow run."""
     return {"MLFLOW_TRACKING_URI": ctx.tracker.uri, "MLFLOW_RUN_ID": run_id,

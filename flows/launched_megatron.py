@@ -1,4 +1,4 @@
-"""`engine: megatron`: what pretraining and long context hand Megatron-Bridge, and what they get back.
+"""`engine: megatron`: what pretraining, long context and SFT hand Megatron-Bridge, and what they get back.
 
 Pretraining: the prepared shards are written once more as Megatron indexed datasets
 (data/megatron_indexed.py, beside the prepared data as `<workdir>/data/<digest>-megatron/`), and
@@ -8,12 +8,26 @@ resumes from its save (`checkpoint.load` = `checkpoint.save`), so the LR schedul
 and the step count run on across the switch as in our engine. Megatron restarts its data stream
 at the switch (our engine keeps its cursor); the blend changes either way.
 
-Long context: one launch at the block's single length, from the stage's input checkpoint
-(imported through the HF bridge first).
+Long context: the input checkpoint imported through the HF bridge, then one launch at the
+block's single length on the blend our long-context loader samples (data.long_context_blend:
+document QA, retrieval, the downscaled phase-2 sources), each source an indexed dataset: the
+prepared sources' train shards (the same `<digest>-megatron/` pretraining writes) and the
+document-QA train shard (`<doc_qa dir>-megatron/`). Megatron's GPTDataset cuts one concatenated
+stream per source into seq_length samples and blends samples by weight; at one length a sample
+share is a token share, as in our loader, but a sample may start mid-document (ours fills rows
+with whole documents, best fit).
 
-Either way the last save is exported through the HF bridge against a template directory (the
-input checkpoint, or for pretraining from a preset its config and the prepared tokenizer) and
-adopted as our checkpoint by flows/launched.run_engine.
+SFT: per sub-stage, the conversations our packer kept as chat rows (data/megatron_sft.py, under
+the sub-stage's step directory as `megatron-data/training.jsonl`), then import -> one launch with
+`--dataset local-jsonl` read through Megatron-Bridge's chat preprocessing
+(megatron_bridge.chat_jsonl_overrides) -> export. A sub-stage starts from the HF checkpoint the
+previous one handed on (imported again), not from its Megatron save: each sub-stage is then a step
+of its own keyed on its start weights as on our engine, a LoRA sub-stage hands on merged weights
+to the next, and every sub-stage's checkpoint is scored by the stage's evaluation.
+
+Every run's last save is exported through the HF bridge against a template directory (the input
+checkpoint, or for pretraining from a preset its config and the prepared tokenizer) and adopted as
+our checkpoint by flows/launched.run_engine.
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from data.long_context import DOC_QA
 from data.megatron_indexed import write_indexed_dir
 from data.prepare import PreparedData
 from data.shards import TokenShard
@@ -30,21 +45,33 @@ from model.scaleout.config import LaunchConfig
 from model.scaleout.megatron_bridge import (
     MegatronPlan,
     MLflowTarget,
+    chat_jsonl_overrides,
     export_argv,
     import_argv,
     imported_checkpoint,
     plan_long_context,
     plan_megatron,
+    plan_sft,
 )
+
+
+def indexed_shards(shard_dirs: dict[str, str | Path], out_dir: Path) -> dict[str, Path]:
+    """Token shard directories as Megatron indexed datasets in `out_dir` (written once: the caller
+    names it after the shards' own content-addressed directory); name -> path prefix."""
+    return write_indexed_dir({name: TokenShard.open(Path(d)) for name, d in shard_dirs.items()}, out_dir)
+
+
+def beside(shard_root: str | Path) -> Path:
+    """Where the indexed copy of a content-addressed data directory lives: `<dir>-megatron`."""
+    root = Path(shard_root)
+    return root.parent / f"{root.name}-megatron"
 
 
 def indexed_datasets(prepared_root: str) -> tuple[dict[str, Path], str, int]:
     """Every source's training shard as a Megatron indexed dataset (written once per prepared data):
     (source -> path prefix, the tokenizer directory, its vocabulary size)."""
-    root = Path(prepared_root)
-    prepared = PreparedData.load(root)
-    shards = {name: TokenShard.open(src.train) for name, src in prepared.sources.items()}
-    prefixes = write_indexed_dir(shards, root.parent / f"{root.name}-megatron")
+    prepared = PreparedData.load(Path(prepared_root))
+    prefixes = indexed_shards({name: src.train for name, src in prepared.sources.items()}, beside(prepared_root))
     return prefixes, str(prepared.tokenizer_dir), prepared.vocab_size
 
 
@@ -91,16 +118,43 @@ def pretrain_plan(train: TrainConfig, phases, model: ModelConfig, launch: Launch
     return EnginePlan(steps=steps, export_dir=export, step=last.train_iters, tokens=last.train_iters * per_step)
 
 
+def _from_checkpoint(plan: MegatronPlan, start: str, megatron_in: Path, out_dir: Path, suffix: str = "") -> EnginePlan:
+    """A run that starts from an HF checkpoint: import it, train, export against it as template."""
+    export = out_dir / "megatron-export"
+    steps = [EngineStep(f"megatron-import{suffix}", import_argv(start, megatron_in), one_node=True),
+             EngineStep(f"megatron-train{suffix}", plan.argv(), style="torchrun"),
+             EngineStep(f"megatron-export{suffix}", export_argv(plan, start, export), one_node=True)]
+    per_step = plan.overrides["train.global_batch_size"] * plan.overrides["dataset.seq_length"]
+    return EnginePlan(steps=steps, export_dir=export, step=plan.train_iters, tokens=plan.train_iters * per_step)
+
+
+def long_context_datasets(blend: dict[str, float], data_root: str, doc_qa_train: str) -> list[tuple[str, float]]:
+    """The long-context blend over indexed datasets: the prepared sources' and document QA's train shards."""
+    prefixes, _, _ = indexed_datasets(data_root)
+    prefixes |= indexed_shards({DOC_QA: doc_qa_train}, beside(Path(doc_qa_train).parent))
+    missing = sorted(set(blend) - set(prefixes))
+    if missing:
+        raise ValueError(f"long_context blend names sources with no shard: {missing}; shards: {sorted(prefixes)}")
+    return [(str(prefixes[s]), w) for s, w in blend.items() if w > 0]
+
+
 def long_context_plan(stage, model: ModelConfig, launch: LaunchConfig, start: str, out_dir: Path, seed: int,
                       mlflow: MLflowTarget, blend: list[tuple[str, float]]) -> EnginePlan:
-    """Import the input checkpoint, train at the block's one length, export."""
+    """Import the input checkpoint, train at the block's one length on `blend`, export."""
     megatron_in = out_dir / "megatron-import"
     plan = plan_long_context(stage, launch, model, save_dir=out_dir / "megatron",
                              pretrained_checkpoint=imported_checkpoint(megatron_in), seed=seed, mlflow=mlflow,
                              tokenizer=start, blend=blend)
-    export = out_dir / "megatron-export"
-    steps = [EngineStep("megatron-import", import_argv(start, megatron_in), one_node=True),
-             EngineStep("megatron-train", plan.argv(), style="torchrun"),
-             EngineStep("megatron-export", export_argv(plan, start, export), one_node=True)]
-    per_step = plan.overrides["train.global_batch_size"] * plan.overrides["dataset.seq_length"]
-    return EnginePlan(steps=steps, export_dir=export, step=plan.train_iters, tokens=plan.train_iters * per_step)
+    return _from_checkpoint(plan, start, megatron_in, out_dir)
+
+
+def sft_plan(sub, model: ModelConfig, launch: LaunchConfig, start: str, tokenizer: str, dataset_root: Path,
+             out_dir: Path, seed: int, mlflow: MLflowTarget, field: str) -> EnginePlan:
+    """One SFT sub-stage (`sub`: its block, precision resolved): import its start checkpoint, train
+    on the chat rows in `dataset_root` with the chat `tokenizer`, export (LoRA: merged)."""
+    megatron_in = out_dir / "megatron-import"
+    plan = plan_sft(sub, launch, model, save_dir=out_dir / "megatron",
+                    pretrained_checkpoint=imported_checkpoint(megatron_in), seed=seed, mlflow=mlflow,
+                    tokenizer=tokenizer, dataset="local-jsonl", dataset_overrides=chat_jsonl_overrides(dataset_root),
+                    field=field)
+    return _from_checkpoint(plan, start, megatron_in, out_dir, suffix=f"-{sub.name}")

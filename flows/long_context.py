@@ -5,6 +5,10 @@ blend them with synthetic retrieval and downscaled phase-2 data, and train at a 
 LR on a mix of long and short sequences, each step a fixed token budget. Retrieval
 (needle) accuracy and per-length loss are measured before and after, so the report shows
 long-context gains next to any short-context regression.
+
+With `engine: megatron` the same blend is trained by Megatron-Bridge at the block's single
+length (flows/launched_megatron.py: import, train, export, adopted as our checkpoint) and
+scored by the same needle evaluation.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from pathlib import Path
 from pydantic import BaseModel
 from prefect import flow, get_run_logger
 
+from flows.launched import with_engine
 from flows.recipe import Recipe
 from flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result, stage_run
 from flows.stage_loop import run_stretches
 from flows.stage_schemas import LongContextStage
-from model.config import ModelConfig, MTPConfig
+from model.config import ModelConfig, MTPConfig, TrainConfig
 from tasks.long_context import doc_qa_task, needle_task
 from tasks.refs import CheckpointRef, StageResult, StageSummary
 from tasks.steps import step_dir, value_of
@@ -57,6 +62,19 @@ def long_context_spec(block: LongContextInputs, train, blend: dict, seed: int) -
     return {"stage": block.stage, "train": train, "blend": blend, "mtp": block.mtp, "seed": seed}
 
 
+def train_config(stage: LongContextStage, runtime_precision) -> TrainConfig:
+    """The block as the engine that trains it counts steps, precision resolved: ours fills a step of
+    `global_batch_tokens` with the length mix (rows of the shortest length); Megatron-Bridge trains
+    one length (megatron_bridge.long_context_train_config) in bf16 on GPUs, whatever this machine is."""
+    if stage.engine == "megatron":
+        from model.scaleout.megatron_bridge import long_context_train_config, megatron_precision
+
+        cfg = long_context_train_config(stage)
+        return cfg.model_copy(update={"precision": megatron_precision(cfg.precision)})
+    cfg = stage.train_config()
+    return cfg.model_copy(update={"precision": runtime_precision(cfg.precision)})
+
+
 @flow(name="long_context")
 def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Upstream) -> StageResult:
     """Continue pretraining the checkpoint handed on (merge's or pretraining's) on long sequences."""
@@ -69,10 +87,9 @@ def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Ups
         raise ValueError("the long_context stage needs the pretraining data of the same run (run pretrain first)")
     with stage_run(ctx, STAGE) as run_id:
         blend = long_context_blend(stage.data, block.phase2_blend)
-        train_cfg = stage.train_config()
-        train_cfg = train_cfg.model_copy(update={"precision": ctx.runtime.precision_for(train_cfg.precision)})
-        out_dir = step_dir(ctx.stages_root, STAGE, long_context_spec(block, train_cfg, blend, seed),
-                           [checkpoint_hash(base.checkpoint), Path(base.data_root).name])
+        train_cfg = train_config(stage, ctx.runtime.precision_for)
+        spec = with_engine(long_context_spec(block, train_cfg, blend, seed), stage)
+        out_dir = step_dir(ctx.stages_root, STAGE, spec, [checkpoint_hash(base.checkpoint), Path(base.data_root).name])
         reused = reused_result(ctx, STAGE, run_id, out_dir)
         if reused is not None:
             logger.info("long context already finished in %s: reusing %s", out_dir, reused.checkpoint)
@@ -81,12 +98,7 @@ def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Ups
         doc_qa = value_of(doc_qa_task(base.checkpoint, stage.data.doc_qa, seed, ctx.workdir))
         train_shards, val_shards = _shards(base.data_root)
         train_shards[DOC_QA], val_shards[DOC_QA] = doc_qa["train"], doc_qa["val"]
-        spec = TrainSpec(
-            stage=STAGE, model=ModelConfig(preset=None, **{"from": base.checkpoint}, mtp=block.mtp), train=train_cfg,
-            data=LongContextData(shards=train_shards, config=stage.data, blend=blend, tokenizer_dir=base.checkpoint),
-            out_dir=str(out_dir), seed=seed, recipe_hash=ctx.recipe_hash, parent=base.checkpoint,
-            device=ctx.runtime.device,
-        )
+        model = ModelConfig(preset=None, **{"from": base.checkpoint}, mtp=block.mtp)
         start_ref = CheckpointRef(path=base.checkpoint, step=0, tokens_seen=0)
         before = needle_task(start_ref, stage.needle_lengths, stage.needle_per_length, val_shards, seed, tracker, run_id,
                              at=(0, 0), device=ctx.runtime.device)
@@ -98,9 +110,18 @@ def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Ups
                                           tracker, run_id, device=ctx.runtime.device)
             return last[ckpt.path]
 
-        total = train_cfg.total_steps * train_cfg.tokens_per_step
-        ckpt, _ = run_stretches(spec, [(STAGE, total)], total, resume_point(out_dir, ctx.resume), evaluate, tracker, run_id)
-        after = last.get(ckpt.path) or evaluate(ckpt)  # resumed after its training had finished: not evaluated yet
+        if stage.engine == "megatron":
+            ckpt = _on_megatron(ctx, stage, model, blend, base, doc_qa["train"], run_id, out_dir)
+        else:
+            train = TrainSpec(
+                stage=STAGE, model=model, train=train_cfg, out_dir=str(out_dir), seed=seed, recipe_hash=ctx.recipe_hash,
+                data=LongContextData(shards=train_shards, config=stage.data, blend=blend, tokenizer_dir=base.checkpoint),
+                parent=base.checkpoint, device=ctx.runtime.device,
+            )
+            total = train_cfg.total_steps * train_cfg.tokens_per_step
+            ckpt, _ = run_stretches(train, [(STAGE, total)], total, resume_point(out_dir, ctx.resume), evaluate,
+                                    tracker, run_id)
+        after = last.get(ckpt.path) or evaluate(ckpt)  # resumed after its training had finished, or launched
         deltas = {f"long_context/delta/{k.removeprefix('eval/')}": after[k] - before[k] for k in before if k in after}
         tracker.log_metrics(run_id, [(ckpt.step, ckpt.tokens_seen, deltas)])
         tracker.log_json(run_id, {"before": before, "after": after, "delta": deltas}, "reports/long_context.json")
@@ -112,6 +133,20 @@ def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Ups
                              metrics={k.split("/", 2)[-1]: v for k, v in deltas.items()},
                              data_root=base.data_root, stage_dir=str(out_dir))
         return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))
+
+
+def _on_megatron(ctx: StageContext, stage: LongContextStage, model: ModelConfig, blend: dict[str, float], base,
+                 doc_qa_train: str, run_id: str, out_dir: Path) -> CheckpointRef:
+    """The stage trained by Megatron-Bridge (flows/launched_megatron.py) on the blend our loader samples."""
+    from flows.launched import run_engine
+    from flows.launched_megatron import long_context_datasets, long_context_plan
+    from model.scaleout.megatron_bridge import MLflowTarget
+
+    mlflow = MLflowTarget(ctx.tracker.uri, ctx.tracker.experiment, run_id, STAGE)
+    datasets = long_context_datasets(blend, base.data_root, doc_qa_train)
+    plan = long_context_plan(stage, model, stage.launch, base.checkpoint, out_dir, ctx.seed, mlflow, datasets)
+    return run_engine(ctx, STAGE, stage.engine, stage.launch, run_id, out_dir, plan, parent=base.checkpoint,
+                      tokenizer_dir=base.checkpoint)
 
 
 STAGE_ENTRY = Stage(name=STAGE, flow=long_context_flow, select=select, needs=("pretrain",))

@@ -18,10 +18,12 @@ from pydantic import BaseModel, ConfigDict
 from prefect import flow, get_run_logger
 
 from data.config import DataConfig, TokenizerConfig
+from flows.launched import with_engine
 from flows.recipe import PretrainStage, Recipe
 from flows.stage import Stage, StageContext, Upstream, finish, resume_point, reused_result, stage_run
 from flows.stage_loop import run_stretches
 from model.config import ModelConfig, TrainConfig
+from model.scaleout.megatron_bridge import megatron_precision
 from tasks.data import prepare_data_task
 from tasks.evaluate import loss_report_task, suite_task, validation_task
 from tasks.refs import CheckpointRef, PreparedRef, StageResult, StageSummary
@@ -70,9 +72,7 @@ def pretrain_spec(block: PretrainInputs, train: TrainConfig, seed: int) -> dict:
         "max_epochs": {s.name: s.max_epochs for s in block.data.sources},
         "gate": None if gate is None else [gate, block.suites.get(gate.suite or ""), block.stage.val_tokens],
     }
-    if block.stage.engine != "torch":  # another engine's weights: another step (torch steps keep their hashes)
-        spec["engine"] = [block.stage.engine, block.stage.launch]
-    return spec
+    return with_engine(spec, block.stage)
 
 
 def evaluator(prepared: PreparedRef, seq_length: int, val_tokens: int, suite: list[str] | None,
@@ -94,8 +94,8 @@ def pretrain_flow(ctx: StageContext, block: PretrainInputs, upstream: Upstream |
     with stage_run(ctx, STAGE) as run_id:
         prepared = value_of(prepare_data_task(block.data, block.tokenizer, ctx.workdir, ctx.seed, ctx.base_dir,
                                               tracker, run_id))
-        launched = stage.engine != "torch"  # Megatron-Bridge trains bf16 on GPUs, whatever this machine is
-        train_cfg = train_config(stage, ("bf16" if stage.precision == "auto" else stage.precision) if launched
+        launched = stage.engine != "torch"
+        train_cfg = train_config(stage, megatron_precision(stage.precision) if launched
                                  else ctx.runtime.precision_for(stage.precision))
         out_dir = step_dir(ctx.stages_root, STAGE, pretrain_spec(block, train_cfg, ctx.seed), [prepared.digest])
         reused = reused_result(ctx, STAGE, run_id, out_dir)

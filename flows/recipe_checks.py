@@ -12,6 +12,7 @@ field hides no other problem.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
@@ -60,33 +61,85 @@ def _engine_problems(r: Recipe) -> list[tuple[str, str, str]]:
             out.append((f"{at}.launch", f"engine {block.engine!r} is launched: give `launch` "
                         "(env: {image: ...} or {venv: ...}, nodes, gpus_per_node, parallel)", f"{at}.engine"))
         elif block.engine != "torch" and name not in LAUNCHED_STAGES:
-            out.append((f"{at}.engine", f"the {name} stage cannot launch {block.engine!r} yet (only pretrain "
-                        "does; model/scaleout/ translates this block, docs/STACK.md says how far)", f"{at}.engine"))
+            out.append((f"{at}.engine", f"the {name} stage cannot launch {block.engine!r} yet (only "
+                        f"{', '.join(LAUNCHED_STAGES)} do; model/scaleout/ translates this block, docs/STACK.md says "
+                        "how far)", f"{at}.engine"))
         elif block.engine != "torch" and getattr(block, "gate", None) is not None:
-            out.append((f"{at}.gate", f"a gate evaluates between chunks of our engine's training; {block.engine!r} "
-                        "trains the stage in one go: drop the gate or use engine torch", f"{at}.gate"))
-        elif name == "pretrain" and block.engine == "megatron":
-            out += _megatron_pretrain_problems(r)
+            out.append((f"{at}.gate", _LAUNCHED_GATE.format(engine=block.engine), f"{at}.gate"))
+        elif block.engine == "megatron":
+            out += _megatron_problems(r, name)
     return out
 
 
-def _megatron_pretrain_problems(r: Recipe) -> list[tuple[str, str, str]]:
-    """What the Megatron-Bridge translation would refuse at the stage's start, found now: the same
-    translation, on placeholder paths (data and checkpoints do not exist before the run)."""
-    from model.scaleout.megatron_bridge import MegatronUnsupported, plan_megatron
+_LAUNCHED_GATE = ("a gate evaluates between chunks of our engine's training; {engine!r} trains the stage in one go: "
+                  "drop the gate or use engine torch")
 
-    pre = r.stages.pretrain
-    view = TrainConfig.model_validate(pre.model_dump(include=set(TrainConfig.model_fields)))
-    view = view.model_copy(update={"precision": "bf16" if pre.precision == "auto" else pre.precision})
+PLACEHOLDER = "/placeholder"
+"""Where the recipe check's translation pretends data and checkpoints are (none exist before the run)."""
+
+
+def _megatron_problems(r: Recipe, name: str) -> list[tuple[str, str, str]]:
+    """What the Megatron-Bridge translation would refuse at the stage's start, found now: the same
+    translation as flows/launched_megatron.py, on placeholder paths."""
+    return {"pretrain": _megatron_pretrain, "long_context": _megatron_long_context, "sft": _megatron_sft}[name](r)
+
+
+def _refusals(translate: Callable[[], object]) -> list[tuple[str, str, str]]:
+    """The MegatronUnsupported a translation raises, as a problem at the field it names."""
+    from model.scaleout.megatron_bridge import MegatronUnsupported
+
     try:
-        plan_megatron(view, pre.launch, r.model, stage_mode="pretrain", save_dir="/placeholder",
-                      blend=[("/placeholder", 1.0)], vocab_size=r.tokenizer.vocab_size, field="stages.pretrain")
+        translate()
     except MegatronUnsupported as e:
         return [(e.field, e.message, e.field)]
     return []
 
 
-LAUNCHED_STAGES = ("pretrain",)
+def _megatron_pretrain(r: Recipe) -> list[tuple[str, str, str]]:
+    from model.scaleout.megatron_bridge import megatron_precision, plan_megatron
+
+    pre = r.stages.pretrain
+    view = TrainConfig.model_validate(pre.model_dump(include=set(TrainConfig.model_fields)))
+    view = view.model_copy(update={"precision": megatron_precision(pre.precision)})
+    return _refusals(lambda: plan_megatron(view, pre.launch, r.model, stage_mode="pretrain", save_dir=PLACEHOLDER,
+                                           blend=[(PLACEHOLDER, 1.0)], vocab_size=r.tokenizer.vocab_size,
+                                           field="stages.pretrain"))
+
+
+def _megatron_long_context(r: Recipe) -> list[tuple[str, str, str]]:
+    """Trained from pretraining's checkpoint: the recipe's model, its vocabulary the tokenizer's."""
+    from model.scaleout.megatron_bridge import plan_long_context
+
+    lc = r.stages.long_context
+    return _refusals(lambda: plan_long_context(lc, lc.launch, r.model, save_dir=PLACEHOLDER,
+                                               pretrained_checkpoint=PLACEHOLDER, blend=[(PLACEHOLDER, 1.0)],
+                                               vocab_size=r.tokenizer.vocab_size))
+
+
+def _megatron_sft(r: Recipe) -> list[tuple[str, str, str]]:
+    """Every sub-stage translated (from the recipe's model, or `model.from`), and what only a sub-stage
+    has: a gate (one launch per sub-stage) and max_epochs (Megatron samples the budget's steps,
+    wrapping its data as often as they need, with no cap on passes)."""
+    from model.scaleout.megatron_bridge import chat_jsonl_overrides, megatron_precision, plan_sft
+
+    sft, out = r.stages.sft, []
+    for i, sub in enumerate(sft.stages):
+        here = f"stages.sft.stages[{i}]"
+        if sub.gate is not None:
+            out.append((f"{here}.gate", _LAUNCHED_GATE.format(engine=sft.engine), f"{here}.gate"))
+        if sub.max_epochs is not None:
+            out.append((f"{here}.max_epochs", "Megatron-Bridge trains the budget's steps and wraps its data as often "
+                        "as they need (no cap on passes): drop max_epochs and size `tokens`, or use engine torch",
+                        f"{here}.max_epochs"))
+        view = sub.model_copy(update={"precision": megatron_precision(sub.precision)})
+        out += _refusals(lambda: plan_sft(view, sft.launch, r.model, save_dir=PLACEHOLDER,
+                                          pretrained_checkpoint=PLACEHOLDER, dataset="local-jsonl",
+                                          dataset_overrides=chat_jsonl_overrides(PLACEHOLDER),
+                                          vocab_size=r.tokenizer.vocab_size, field=here))
+    return out
+
+
+LAUNCHED_STAGES = ("pretrain", "long_context", "sft")
 """Stages whose flow launches their engine (flows/launched*.py); the others' translations exist but
 are not wired into their flows yet."""
 

@@ -28,6 +28,11 @@ marker = the checkpoint it handed on and its gate decision). The stage itself is
 the start checkpoint, the packed data and the evaluation settings: re-running an unchanged
 recipe assembles (reuses) the data, then trains and evaluates nothing. The final checkpoint is
 registered with the alias `sft`.
+
+With `engine: megatron` the data path and the evaluations are the same; each sub-stage's training
+is one Megatron-Bridge run on its kept conversations as chat rows (data/megatron_sft.py,
+flows/launched_megatron.sft_plan: import -> train -> export), adopted as the sub-stage's checkpoint
+and scored once (the recipe check refuses sub-stage gates and max_epochs there).
 """
 
 from __future__ import annotations
@@ -38,11 +43,13 @@ from typing import Callable
 from pydantic import BaseModel
 from prefect import flow, get_run_logger
 
+from flows.launched import with_engine
 from flows.recipe import Recipe, SFTStage, SFTSubStage
 from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
                          stage_run, start_checkpoint)
 from flows.stage_loop import GateFailed, run_stretches
 from model.config import ModelConfig, MTPConfig, TrainConfig
+from model.scaleout.megatron_bridge import megatron_precision
 from tasks.data_profile import sft_profile_task
 from tasks.evaluate import heldout_task, loss_report_task, suite_task
 from tasks.refs import CheckpointRef, StageResult, StageSummary
@@ -131,19 +138,23 @@ def substage_spec(sub: SFTSubStage, train: TrainConfig, mtp: MTPConfig, suite: l
             "mtp": mtp, "seed": seed, "gate": [gate, suite, heldout_limit] if gate else None}
 
 
-def train_substage(ctx: StageContext, sub: SFTSubStage, packed: PackedRef, start: CheckpointRef, block: SFTInputs,
-                   tokenizer_dir: str, scores: Scores, parent_run_id: str) -> tuple[CheckpointRef, dict | None]:
-    """One sub-stage in its own MLflow run: train from `start` in stretches; returns (handed on, decision)."""
+def train_substage(ctx: StageContext, sub: SFTSubStage, index: int, packed: PackedRef, start: CheckpointRef,
+                   block: SFTInputs, tokenizer_dir: str, scores: Scores,
+                   parent_run_id: str) -> tuple[CheckpointRef, dict | None]:
+    """One sub-stage in its own MLflow run: train from `start` in stretches (or launched); returns
+    (handed on, decision)."""
     logger = get_run_logger()
     tracker, kind = ctx.tracker, f"{STAGE}-{sub.name}"
     sub_ctx = ctx.model_copy(update={"parent_run_id": parent_run_id})
+    launched = block.stage.engine != "torch"
     with stage_run(sub_ctx, f"{STAGE}/{sub.name}", {SUBSTAGE_TAG: sub.name}) as run_id:
         train_cfg = TrainConfig.model_validate(sub.model_dump(include=set(TrainConfig.model_fields)))
-        train_cfg = train_cfg.model_copy(update={"precision": ctx.runtime.precision_for(train_cfg.precision)})
+        precision = megatron_precision if launched else ctx.runtime.precision_for
+        train_cfg = train_cfg.model_copy(update={"precision": precision(train_cfg.precision)})
         gate = sub.gate
         suite = block.suites.get(gate.suite if gate else sub.eval_suite) if (gate or sub.eval_suite) else None
-        out_dir = step_dir(ctx.stages_root, kind, substage_spec(sub, train_cfg, block.mtp, suite, scores.heldout_limit,
-                                                                ctx.seed), [start.sha256 or start.path, packed.digest])
+        spec = with_engine(substage_spec(sub, train_cfg, block.mtp, suite, scores.heldout_limit, ctx.seed), block.stage)
+        out_dir = step_dir(ctx.stages_root, kind, spec, [start.sha256 or start.path, packed.digest])
         tracker.set_tags(run_id, {"stagewise.stage_dir": str(out_dir), "stagewise.start_checkpoint": start.path})
         record = finished(out_dir)
         if record is not None and Path(record["checkpoint"]["path"]).is_dir():
@@ -151,6 +162,14 @@ def train_substage(ctx: StageContext, sub: SFTSubStage, packed: PackedRef, start
             logger.info("sft %s already finished in %s: reusing it", sub.name, out_dir)
             tracker.set_tags(run_id, {"stagewise.reused": "true"})
             return CheckpointRef.model_validate(record["checkpoint"]), record.get("decision")
+        limit = gate.eval_limit if gate else block.stage.eval_limit
+        evaluate = lambda ckpt: scores(ckpt, suite, limit, run_id)  # noqa: E731
+        if launched:  # the recipe check refused gates here: one launch, then the evaluation of its export
+            ckpt = _substage_on_megatron(ctx, sub, train_cfg, index, packed, start, block, tokenizer_dir, run_id,
+                                         out_dir)
+            evaluate(ckpt)
+            mark_finished(out_dir, {"checkpoint": ckpt.model_dump(), "decision": None, "run_id": run_id})
+            return ckpt, None
         spec = TrainSpec(
             stage=STAGE, model=ModelConfig(preset=None, from_=start.path, mtp=block.mtp), train=train_cfg,
             objective=f"sft_{sub.normalization}", out_dir=str(out_dir), seed=ctx.seed, recipe_hash=ctx.recipe_hash,
@@ -158,8 +177,6 @@ def train_substage(ctx: StageContext, sub: SFTSubStage, packed: PackedRef, start
             data=PackedData(rows=packed.rows, tokenizer_dir=tokenizer_dir, max_epochs=sub.max_epochs),
         )
         total = train_cfg.total_steps * train_cfg.tokens_per_step
-        limit = gate.eval_limit if gate else block.stage.eval_limit
-        evaluate = lambda ckpt: scores(ckpt, suite, limit, run_id)  # noqa: E731
         try:
             ckpt, decision = run_stretches(spec, [(sub.name, total)], total, resume_point(out_dir, ctx.resume),
                                            evaluate, tracker, run_id, gate)
@@ -170,6 +187,32 @@ def train_substage(ctx: StageContext, sub: SFTSubStage, packed: PackedRef, start
         loss_report_task(tracker, run_id, f"{STAGE}_{sub.name}")
         mark_finished(out_dir, {"checkpoint": ckpt.model_dump(), "decision": decision, "run_id": run_id})
     return ckpt, decision
+
+
+def _substage_on_megatron(ctx: StageContext, sub: SFTSubStage, train_cfg: TrainConfig, index: int, packed: PackedRef,
+                          start: CheckpointRef, block: SFTInputs, tokenizer_dir: str, run_id: str,
+                          out_dir: Path) -> CheckpointRef:
+    """One sub-stage trained by Megatron-Bridge: the conversations our packer kept, as chat rows
+    (data/megatron_sft.py), then import -> train -> export (flows/launched_megatron.py), adopted."""
+    from data.megatron_sft import write_chat_rows
+    from flows.launched import run_engine
+    from flows.launched_megatron import sft_plan
+    from model.scaleout.megatron_bridge import MLflowTarget
+    from tasks.sft_data import pack_seed
+
+    stage = block.stage
+    rows = out_dir / "megatron-data"
+    report = write_chat_rows(packed.sample, tokenizer_dir, sub.seq_length, sub.blend.reasoning_off_fraction,
+                             pack_seed(ctx.seed, index), rows)
+    get_run_logger().info("sft %s: %d conversations as Megatron-Bridge chat rows in %s (%d longer than a pack "
+                          "left out, %d with reasoning off)", sub.name, report["conversations"], rows,
+                          report["dropped"], report["reasoning_off"])
+    mlflow = MLflowTarget(ctx.tracker.uri, ctx.tracker.experiment, run_id, f"{STAGE}/{sub.name}")
+    plan = sft_plan(sub.model_copy(update={"precision": train_cfg.precision}),
+                    ModelConfig(preset=None, from_=start.path, mtp=block.mtp), stage.launch, start.path, tokenizer_dir,
+                    rows, out_dir, ctx.seed, mlflow, field=f"stages.{STAGE}.stages[{index}]")
+    return run_engine(ctx, STAGE, stage.engine, stage.launch, run_id, out_dir, plan, parent=start.path,
+                      tokenizer_dir=tokenizer_dir)
 
 
 def sft_spec(block: SFTInputs, packs: list[PackedRef], heldout: str | None, seed: int) -> dict:
@@ -217,8 +260,8 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
         base = scores(start, tasks, stage.eval_limit, run_id, at=(0, 0))
         ckpt, step, tokens, decisions = start, 0, 0, {}
         final = base
-        for sub, packed in zip(stage.stages, packs):
-            ckpt, decision = train_substage(ctx, sub, packed, ckpt, block, start.path, scores, run_id)
+        for i, (sub, packed) in enumerate(zip(stage.stages, packs)):
+            ckpt, decision = train_substage(ctx, sub, i, packed, ckpt, block, start.path, scores, run_id)
             if decision is not None:
                 decisions[sub.name] = decision
             step, tokens = step + ckpt.step, tokens + ckpt.tokens_seen

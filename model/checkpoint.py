@@ -160,10 +160,16 @@ def _quiet_hf():
 
 
 def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> None:
-    """Copy the tokenizer's files; never over a file the model already wrote (config.json)."""
+    """Copy the tokenizer's files; never over a file the model already wrote (config.json), and never
+    weights or our metadata: the tokenizer directory may be a checkpoint (a stage's input), whose
+    `model.safetensors` beside an export's shards would be a second set of weights."""
     for src in sorted(tokenizer_dir.iterdir()):
-        if src.is_file() and not (dest / src.name).exists():
+        if src.is_file() and not _is_weights(src.name) and src.name != META_FILE and not (dest / src.name).exists():
             shutil.copy2(src, dest / src.name)
+
+
+def _is_weights(name: str) -> bool:
+    return name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt"))
 
 
 def _write_trainer_state(dest: Path, state: TrainerState) -> None:

@@ -80,6 +80,12 @@ def resolve(path: str, base_dir: str | Path, world_dir: str | Path | None) -> Pa
     return resolve_path(path, Path(base_dir), Path(world_dir) if world_dir else None)
 
 
+def pack_seed(seed: int, index: int) -> int:
+    """The seed sub-stage `index` samples, packs and picks its reasoning-off conversations with
+    (what an engine that re-reads the sample must use to pick the same ones)."""
+    return seed + index
+
+
 # --------------------------------------------------------------------------- tasks
 
 @task(**retrying("sft-world"))
@@ -202,8 +208,8 @@ def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | 
     try:
         if not reused:
             with building(root) as tmp:
-                blend_and_pack(curated.files, curated.domains, sub.blend, sub.seq_length, seed + index, tokenizer_dir,
-                               tmp, previous_sample=previous.sample if previous else None,
+                blend_and_pack(curated.files, curated.domains, sub.blend, sub.seq_length, pack_seed(seed, index),
+                               tokenizer_dir, tmp, previous_sample=previous.sample if previous else None,
                                keep_share=sub.keep_previous)
         doc = json.loads((root / "report.json").read_text())
         ref = PackedRef(root=str(root), rows=str(root / "rows.npz"), sample=str(root / "sample.jsonl"),

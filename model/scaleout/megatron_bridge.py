@@ -142,6 +142,12 @@ _MOE_PROVIDER_FIELDS = (
 _SHAPE_KEYS = tuple(k for k, _ in _PROVIDER_FIELDS + _MOE_PROVIDER_FIELDS) + ("mlp_hidden_act", "conv_kernel")
 
 
+_LAYER_CHARS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "moe": "E", "mlp": "-"}
+"""A saved NemotronHConfig's `layers_block_type` entries as hybrid_override_pattern characters (recent
+transformers write the list and read the pattern only as a legacy kwarg; "mamba"/"attention" are
+the legacy names)."""
+
+
 def _published() -> list[str]:
     """Published presets (the JSON ones: they carry an `_about`)."""
     return [n for n in preset_names() if preset_about(n)]
@@ -166,6 +172,8 @@ def model_shape(model: ModelConfig, field: str = "model") -> tuple[str | None, d
             kwargs = json.loads(path.read_text())
         except OSError as e:
             raise MegatronUnsupported(f"{field}.from", f"cannot read {path}: {e}") from None
+        if "hybrid_override_pattern" not in kwargs and isinstance(kwargs.get("layers_block_type"), list):
+            kwargs["hybrid_override_pattern"] = "".join(_LAYER_CHARS[t] for t in kwargs["layers_block_type"])
     else:
         kwargs = {**preset_kwargs(model.preset or "tiny"), **model.overrides}
     for name in _published():
@@ -527,9 +535,9 @@ def plan_megatron(train: TrainConfig, launch: LaunchConfig, model: ModelConfig, 
             raise MegatronUnsupported(f"{field}", "pass dataset (e.g. local-jsonl with dataset.dataset_root): the "
                                       "recipe's own dataset is a Hub dataset, not the stage's conversations")
     for key, value in (dataset_overrides or {}).items():
-        if not key.startswith("dataset.") or key in o:
-            raise MegatronUnsupported(f"{field}", f"dataset_overrides may only add dataset.* keys the translation "
-                                      f"does not set (got {key!r})")
+        if not key.removeprefix("+").startswith("dataset.") or key in o:
+            raise MegatronUnsupported(f"{field}", f"dataset_overrides may only add dataset.* keys (or Hydra's "
+                                      f"+dataset.* appends) the translation does not set (got {key!r})")
         o[key] = value
 
     return MegatronPlan(recipe=recipe.name, mode=mode, preset=preset, base_preset=base, overrides=o,
@@ -561,6 +569,12 @@ def _schedule(train: TrainConfig, iters: int, per_step: int, field: str) -> dict
                               "(translated: constant, cosine, wsd)")
 
 
+def megatron_precision(precision: str) -> str:
+    """A block's precision on Megatron-Bridge: its recipes train bf16 on GPUs whatever machine runs
+    the flow, so `auto` is bf16 (fp32 stays, for plan_megatron to refuse naming the field)."""
+    return "bf16" if precision == "auto" else precision
+
+
 def pad_multiple(recipe_pad: int, launch: LaunchConfig) -> int:
     """The offline-packing pad multiple: the recipe's, raised to what CP (2 x cp) and sequence
     parallelism (tp x cp) need, exactly as run_recipe.py's sync_offline_packing_alignment does."""
@@ -568,6 +582,28 @@ def pad_multiple(recipe_pad: int, launch: LaunchConfig) -> int:
     cp = 2 * p.cp if p.cp > 1 else 1
     sp = p.tp * p.cp if p.sequence_parallel and p.tp > 1 else 1
     return math.lcm(recipe_pad, cp, sp)
+
+
+CHAT_PREPROCESSING = "megatron.bridge.data.sft_processing.ChatSFTPreprocessingConfig"
+"""Megatron-Bridge's declarative chat preprocessing (rows of `messages`, rendered by the HF tokenizer's template)."""
+
+
+def chat_jsonl_overrides(dataset_root: str | os.PathLike) -> dict[str, Any]:
+    """`dataset.*` overrides that make `--dataset local-jsonl` read chat rows from `<dataset_root>/training.jsonl`.
+
+    The local-jsonl preset (recipes/utils/dataset_utils.py `_local_jsonl_dataset_config`) reads
+    prompt/completion columns; a multi-turn conversation with tool calls and a per-conversation
+    reasoning switch is not a prompt and a completion, so its preprocessing is swapped for
+    ChatSFTPreprocessingConfig (loss on every assistant turn). Under Hydra 1.3's struct mode a
+    dict cannot be assigned over the existing dataclass node (the new `_target_` key is refused),
+    and run_recipe.py rejects a bare `~key` deletion (every override must hold `=`), so the node is
+    first set to null and then appended with `+` (omegaconf_utils then instantiates the `_target_`).
+    Validation and test splits are off: the stage evaluates the exported checkpoint itself, and
+    with them on the builder would look for validation.jsonl."""
+    return {"dataset.dataset_root": os.path.abspath(os.fspath(dataset_root)),
+            "dataset.preprocessing": None,
+            "+dataset.preprocessing": {"_target_": CHAT_PREPROCESSING, "loss_mode": "assistant"},
+            "dataset.do_validation": False, "dataset.do_test": False}
 
 
 def plan_sft(sub: Any, launch: LaunchConfig, model: ModelConfig, **kw: Any) -> MegatronPlan:

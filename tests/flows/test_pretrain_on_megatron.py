@@ -7,14 +7,12 @@ engine logging into the stage's own MLflow run, and a failing launch failing the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.flows.fake_engines.megatron import make_fake_megatron
+from tests.flows.fake_engines.megatron import run_stagewise
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny.yaml"
@@ -27,24 +25,13 @@ SETS = [  # 8 steps of 4 x 64 tokens on 2 "GPUs"; the quality blend from step 6
 ]
 
 
-def run(workdir: Path, venv: Path, checkout: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    launch = f"{{env: {{venv: {venv}, workdir: {checkout}}}, gpus_per_node: 2}}"
-    sets = [f"workdir={workdir}", "stages.pretrain.engine=megatron", f"stages.pretrain.launch={launch}", *SETS, *extra]
-    cmd = [sys.executable, "-m", "flows.cli", "run", str(TINY), "--stages", "pretrain", "--json"]
-    cmd += [a for s in sets for a in ("--set", s)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "CI": "1", **(env or {})})
-
-
-@pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    return make_fake_megatron(tmp_path_factory.mktemp("fake-megatron"))
+def run(workdir: Path, fake, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run_stagewise(TINY, "pretrain", ["pretrain"], fake, [f"workdir={workdir}", *SETS, *extra], env)
 
 
 @pytest.mark.slow
-def test_pretraining_on_megatron_launches_each_phase_and_hands_on_the_export(fake, tmp_path):
-    venv, checkout = fake
-    proc = run(tmp_path / "work", venv, checkout)
+def test_pretraining_on_megatron_launches_each_phase_and_hands_on_the_export(fake_megatron, tmp_path):
+    proc = run(tmp_path / "work", fake_megatron)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     summary = json.loads(proc.stdout[proc.stdout.index("{"):])
     result = summary["stages"][0]
@@ -75,9 +62,8 @@ def test_pretraining_on_megatron_launches_each_phase_and_hands_on_the_export(fak
 
 
 @pytest.mark.slow
-def test_a_failing_launch_fails_the_run_with_its_status_and_hands_on_nothing(fake, tmp_path):
-    venv, checkout = fake
-    proc = run(tmp_path / "work", venv, checkout, env={"FAKE_MEGATRON_FAIL": "1"})
+def test_a_failing_launch_fails_the_run_with_its_status_and_hands_on_nothing(fake_megatron, tmp_path):
+    proc = run(tmp_path / "work", fake_megatron, env={"FAKE_MEGATRON_FAIL": "1"})
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout + proc.stderr
     # torchrun exits 1 when a rank fails (the rank's own status 3 is in its report)

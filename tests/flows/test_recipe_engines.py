@@ -29,11 +29,41 @@ def test_a_launched_engine_validates_with_its_launch():
     assert r.stages.pretrain.launch.data_parallel == 2 and r.stages.pretrain.launch.parallel.sequence_parallel
 
 
-@pytest.mark.parametrize("stage,engine", [("sft", "megatron"), ("long_context", "megatron"), ("rl", "nemo_rl"),
-                                          ("distill", "nemo_rl")])
+@pytest.mark.parametrize("stage,engine", [("rl", "nemo_rl"), ("distill", "nemo_rl")])
 def test_stages_whose_flow_does_not_launch_yet_say_so(stage, engine):
     text = problems(f"stages.{stage}.engine={engine}", f"stages.{stage}.launch={VENV}")
     assert f"stages.{stage}.engine: the {stage} stage cannot launch '{engine}' yet" in text
+
+
+MEGATRON_LC = ["stages.long_context.engine=megatron", f"stages.long_context.launch={VENV}"]
+ONE_LENGTH = "stages.long_context.data.lengths=[{length: 2048, share: 1.0}]"
+MEGATRON_SFT = ["stages.sft.engine=megatron", f"stages.sft.launch={VENV}", "stages.sft.stages[0].micro_batch=1",
+                "stages.sft.stages[1].micro_batch=1", "stages.sft.stages[1].normalization=token"]
+
+
+def test_long_context_and_sft_on_megatron_validate_once_megatron_bridge_can_take_them():
+    r = load_recipe(TINY, [*MEGATRON_LC, ONE_LENGTH, *MEGATRON_SFT]).recipe
+    assert r.stages.long_context.engine == r.stages.sft.engine == "megatron"
+
+
+def test_a_long_context_length_mix_is_refused_at_its_line():
+    text = problems(*MEGATRON_LC)  # tiny mixes 2048, 1024 and 256
+    assert "stages.long_context.data.lengths: Megatron-Bridge trains one sequence length per run" in text
+    assert "recipes/tiny.yaml:83" in text
+
+
+def test_each_sft_sub_stage_is_translated_and_its_refusals_named():
+    text = problems("stages.sft.engine=megatron", f"stages.sft.launch={VENV}")
+    assert "stages.sft.stages[0].micro_batch: Megatron-Bridge trains packed sequences with micro batch 1" in text
+    assert "stages.sft.stages[1].normalization: Megatron-Bridge normalises the SFT loss per token" in text
+    assert "stages.sft.stages[1].micro_batch" not in text  # stage 2 already trains micro batch 1
+
+
+def test_a_sub_stage_gate_or_epoch_cap_cannot_ride_megatron():
+    gate = "{suite: chat, eval_every_tokens: 32768, all: [{metric: eval/sft_heldout/loss, op: '<', value: 5}]}"
+    text = problems(*MEGATRON_SFT, f"stages.sft.stages[1].gate={gate}", "stages.sft.stages[0].max_epochs=2")
+    assert "stages.sft.stages[1].gate: a gate evaluates between chunks" in text
+    assert "stages.sft.stages[0].max_epochs: Megatron-Bridge trains the budget's steps" in text
 
 
 def test_what_megatron_bridge_would_refuse_is_found_before_the_run():
@@ -83,6 +113,19 @@ def test_bad_launch_fields_are_named():
     assert "sequence_parallel needs tp > 1" in problems(
         "stages.pretrain.launch={env: {venv: v}, parallel: {sequence_parallel: true}}")
     assert "stages.pretrain.engine" in problems("stages.pretrain.engine=jax")
+
+
+def test_run_refuses_an_untranslatable_sft_block_before_any_work(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["run", str(TINY), "--stages", "sft", "--set", f"workdir={tmp_path / 'work'}",
+                                      *[a for s in ("stages.sft.engine=megatron", f"stages.sft.launch={VENV}")
+                                        for a in ("--set", s)]])
+    assert result.exit_code == 2, result.output
+    assert "stages.sft.stages[1].normalization" in " ".join(result.output.split())
+    assert not (tmp_path / "work").exists()  # nothing started
 
 
 def test_run_exits_2_naming_the_missing_engine_and_how_to_get_it(tmp_path):

@@ -23,6 +23,7 @@ from model.scaleout.config import EngineEnv, LaunchConfig, Parallelism
 from model.scaleout.megatron_bridge import (
     MegatronUnsupported,
     MLflowTarget,
+    chat_jsonl_overrides,
     export_argv,
     hydra_value,
     import_argv,
@@ -353,6 +354,38 @@ def test_a_from_checkpoint_of_the_4b_shape_gets_the_4b_recipe(tmp_path):
     plan = plan_sft(_block(p), _launch(p), ModelConfig(preset=None, **{"from": str(tmp_path)}),
                     save_dir="/c", pretrained_checkpoint="/ck", dataset="local-jsonl")
     assert plan.generic and plan.base_preset == "nemotron-3-nano-4b" and plan.overrides["model.vocab_size"] == 4096
+
+
+def test_a_checkpoint_transformers_saved_reads_as_the_shape_it_is(tmp_path):
+    """Recent transformers save `layers_block_type` (a list), not hybrid_override_pattern."""
+    from model.build import build_hf_config
+
+    build_hf_config(ModelConfig(preset="nemotron-3-nano-4b"), None).save_pretrained(tmp_path)
+    assert "hybrid_override_pattern" not in json.loads((tmp_path / "config.json").read_text())
+    p = NANO_4B["sft"]
+    plan = plan_sft(_block(p), _launch(p), ModelConfig(preset=None, **{"from": str(tmp_path)}),
+                    save_dir="/c", pretrained_checkpoint="/ck", dataset="local-jsonl")
+    assert plan.preset == "nemotron-3-nano-4b" and not plan.generic
+    build_hf_config(ModelConfig(preset="tiny"), 300).save_pretrained(tmp_path)
+    plan = plan_sft(_block(p), _launch(p), ModelConfig(preset=None, **{"from": str(tmp_path)}),
+                    save_dir="/c", pretrained_checkpoint="/ck", dataset="local-jsonl")
+    assert plan.overrides["model.hybrid_layer_pattern"] == preset_kwargs("tiny")["hybrid_override_pattern"]
+    assert plan.overrides["model.vocab_size"] == 300
+
+
+def test_sft_rows_are_read_through_the_chat_preprocessing():
+    sub = TrainConfig(tokens=10 * 256 * 8, seq_length=256, global_batch=8, micro_batch=1)
+    plan = _tiny_plan(sub, stage_mode="sft", blend=None, dataset="local-jsonl", pretrained_checkpoint="/ck",
+                      dataset_overrides=chat_jsonl_overrides("/runs/r/sft/rows"))
+    # Hydra 1.3 refuses a dict over the preprocessing node in struct mode, run_recipe.py a bare `~key`:
+    # null it, then append the chat config (in this order)
+    assert plan.override_args()[-5:] == [
+        'dataset.dataset_root="/runs/r/sft/rows"', "dataset.preprocessing=null",
+        '+dataset.preprocessing={_target_:"megatron.bridge.data.sft_processing.ChatSFTPreprocessingConfig",'
+        'loss_mode:"assistant"}', "dataset.do_validation=false", "dataset.do_test=false"]
+    with pytest.raises(MegatronUnsupported, match=r"dataset_overrides"):
+        _tiny_plan(sub, stage_mode="sft", blend=None, dataset="local-jsonl", pretrained_checkpoint="/ck",
+                   dataset_overrides={"+train.train_iters": 3})
 
 
 def test_long_context_is_pretraining_at_its_single_length():

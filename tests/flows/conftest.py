@@ -1,0 +1,13 @@
+"""Fixtures of the flow tests. Tests get them through the fixtures, never `import conftest`."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def fake_megatron(tmp_path_factory):
+    """The stand-in Megatron-Bridge (tests/flows/fake_engines/megatron.py): (venv, checkout)."""
+    from tests.flows.fake_engines.megatron import make_fake_megatron
+
+    return make_fake_megatron(tmp_path_factory.mktemp("fake-megatron"))
