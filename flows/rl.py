@@ -209,7 +209,8 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     for i in kept:
         by_domain.setdefault(wiring.prompts[i].domain, []).append((i, rates[i]))
     ratios = cfg.domains or {d: 1.0 for d in sorted(by_domain)}
-    sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps, cfg.curriculum, ctx.seed)
+    sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps // ro.minibatches, cfg.curriculum,
+                                ctx.seed)  # the curriculum moves per rollout batch
 
     def reprofile(step: int) -> None:
         generator.sync_weights(policy.state_dict())
@@ -254,12 +255,13 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
 
 def steps_train_config(cfg, rollout, prompts: dict, runtime) -> "TrainConfig":
     """The engine's config for a stage budgeted in optimizer steps of prompts_per_step x group_size
-    sampled responses (RL, distillation): the engine counts tokens, so a step is that many rows of
-    the longest prompt plus max_new_tokens."""
+    sampled responses (RL, distillation), each rollout batch split into `rollout.minibatches`
+    steps: the engine counts tokens, so a step is its share of rows of the longest prompt plus
+    max_new_tokens."""
     from model.config import TrainConfig
 
     seq_length = max(len(p.ids) for p in prompts.values()) + rollout.max_new_tokens
-    rows = cfg.prompts_per_step * rollout.group_size
+    rows = max(1, cfg.prompts_per_step * rollout.group_size // getattr(rollout, "minibatches", 1))
     return TrainConfig(
         tokens=cfg.steps * seq_length * rows, seq_length=seq_length, global_batch=rows,
         micro_batch=math.gcd(rows, cfg.micro_batch), optimizer=cfg.optimizer, schedule=cfg.schedule,

@@ -90,7 +90,7 @@ class RLStage(EngineChoice):
     data: RLData
     """Task rows, held-out rows."""
     steps: int = Field(gt=0)
-    """Optimizer steps (one rollout batch each)."""
+    """Optimizer steps (one rollout batch each, or every `rollout.minibatches` steps)."""
     prompts_per_step: int = Field(16, gt=0)
     """Prompts per step; each is sampled group_size times."""
     domains: dict[str, float] | None = None
@@ -135,6 +135,14 @@ class RLStage(EngineChoice):
     def _reprofile_needs_a_curriculum(self) -> "RLStage":
         if self.reprofile is not None and self.curriculum is None:
             raise ValueError("reprofile only changes what a curriculum samples: set a curriculum or drop reprofile")
+        return self
+
+    @model_validator(mode="after")
+    def _whole_rollout_batches(self) -> "RLStage":
+        k = self.rollout.minibatches
+        if self.steps % k:
+            raise ValueError(f"steps ({self.steps}) must be a multiple of rollout.minibatches ({k}): "
+                             "every rollout batch is trained whole")
         return self
 
     @model_validator(mode="after")

@@ -116,6 +116,18 @@ class RolloutSettings(SamplingSettings):
     """Draw more prompts when fewer groups than this have any reward variance."""
     max_refills: int = Field(2, ge=0)
     """How many extra draws a step may make to reach min_groups."""
+    minibatches: int = Field(1, ge=1)
+    """Optimizer steps per rollout batch: its rows are split into this many parts in order, each
+    one update (PPO-style reuse of the rollouts). The later parts are off-policy by the earlier
+    updates, so π_old is the sampling policy's log-probabilities (recomputed with
+    `recompute_old_logprobs`, else the sampler's own) and ρ = π_θ/π_old is clipped."""
+
+    @model_validator(mode="after")
+    def _parts_fit_a_group(self) -> "RolloutSettings":
+        if self.minibatches > self.group_size:
+            raise ValueError(f"minibatches ({self.minibatches}) must be <= group_size ({self.group_size}): "
+                             "a batch may keep a single group, and every part needs a row")
+        return self
 
 
 class PlateauRule(BaseModel):
@@ -161,7 +173,9 @@ class RolloutBatches:
         self.seed, self.pad_id = seed, pad_id
         self.reprofile, self.plateau = reprofile, plateau
         self.reference = reference  # input_ids -> log π_ref(target) [n, L-1], for the KL term
-        self.step = 0
+        self.step = 0  # optimizer steps
+        self.rollout = 0  # rollout batches drawn (= step with one minibatch per batch)
+        self._queue: list[RolloutBatch] = []  # the current rollout batch's parts not yet trained
         self.trained_tokens = 0
         self.accuracy: list[float] = []  # the training reward per step, for the plateau rule
         self.reprofiled_at = 0
@@ -173,21 +187,39 @@ class RolloutBatches:
 
     def next_batch(self) -> RolloutBatch:
         step = self.step + 1
-        if not self.settings.off_policy:
-            reprofiled = self._maybe_reprofile(step)
-            self.generator.sync_weights(self.policy.state_dict())
-            batch = self._collect(step, with_old=False)
-        else:
-            batch = self._take(step)
-            reprofiled = self._maybe_reprofile(step)  # the generator is idle here
-            # the next step's rollouts, from the weights this step starts from, while it trains
-            self._pending = self._pool.submit(self._collect_with, snapshot(self.policy), step + 1)
+        if not self._queue:  # a new rollout batch (every step unless minibatches > 1)
+            self._queue = self._rollout_parts(self.rollout + 1)
+        batch = self._queue.pop(0)
+        if self.settings.off_policy and not self._queue:
+            # the next rollouts, from the weights this step starts from, while it trains
+            self._pending = self._pool.submit(self._collect_with, snapshot(self.policy), self.rollout + 1)
         self.step = step
         self.trained_tokens += int(batch["response_mask"].sum())
+        return batch
+
+    def _rollout_parts(self, rollout: int) -> list[RolloutBatch]:
+        """Rollout batch number `rollout` (its seed and prompts are the rollout's, so with one part
+        per batch rollout r is step r), split into `minibatches` parts that carry its metrics."""
+        if not self.settings.off_policy:
+            reprofiled = self._maybe_reprofile(rollout)
+            self.generator.sync_weights(self.policy.state_dict())
+            batch = self._collect(rollout, with_old=False)
+        else:
+            batch = self._take(rollout)
+            reprofiled = self._maybe_reprofile(rollout)  # the generator is idle here
+        self.rollout = rollout
         self.accuracy.append(float(batch.metrics.get("rl/reward/accuracy", 0.0)))
         if self.reprofile is not None:
             batch.metrics["rl/reprofiled"] = float(reprofiled)
-        return batch
+        k = getattr(self.settings, "minibatches", 1)
+        if k == 1:
+            return [batch]
+        if "old_logprobs" not in batch:  # the later parts are off-policy: ρ against the sampler's log-probs
+            batch["old_logprobs"] = batch["rollout_logprobs"].clone()
+        parts = batch.parts(k)
+        for part in parts:
+            part.metrics = dict(batch.metrics)
+        return parts
 
     def _maybe_reprofile(self, step: int) -> bool:
         """On a plateau, re-profile the prompts with the current policy (the caller's `reprofile`
@@ -199,21 +231,24 @@ class RolloutBatches:
         return True
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"step": self.step, "trained_tokens": self.trained_tokens,
+        state: dict[str, Any] = {"step": self.step, "rollout": self.rollout, "trained_tokens": self.trained_tokens,
                                  "sampler": self.sampler.state_dict(), "accuracy": list(self.accuracy),
                                  "reprofiled_at": self.reprofiled_at}
         pending = self._restored if self._restored is not None else (
             self._pending.result() if self._pending is not None else None)
         state["pending"] = encode_batch(pending) if pending is not None else None
+        state["queue"] = [encode_batch(b) for b in self._queue]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.trained_tokens = int(state["step"]), int(state.get("trained_tokens", 0))
+        self.rollout = int(state.get("rollout", self.step))
         self.sampler.load_state_dict(state["sampler"])
         self.accuracy = [float(a) for a in state.get("accuracy", [])]
         self.reprofiled_at = int(state.get("reprofiled_at", 0))
         self._pending = None
         self._restored = decode_batch(state["pending"]) if state.get("pending") else None
+        self._queue = [decode_batch(b) for b in state.get("queue", [])]
 
     def close(self) -> None:
         """Wait for a rollout in flight and stop the background thread."""
@@ -227,7 +262,8 @@ class RolloutBatches:
             batch, self._restored = self._restored, None
             return batch
         if self._pending is not None:
-            return self._pending.result()
+            pending, self._pending = self._pending, None
+            return pending.result()
         # the first step (or a resume without a pending batch): sampled now, from the current weights
         return self._collect_with(snapshot(self.policy), step)
 

@@ -63,6 +63,13 @@ class RolloutBatch(dict):
         parts = {k: v.split(size) for k, v in self.items()}
         return tuple(RolloutBatch({k: parts[k][i] for k in parts}) for i in range(len(parts["input_ids"])))
 
+    def parts(self, k: int) -> list["RolloutBatch"]:
+        """k consecutive parts of (nearly) equal rows, in order: one optimizer step each when a rollout
+        batch is reused (RolloutSettings.minibatches). Each part is its own global batch, so its
+        loss is normalised by its own response tokens."""
+        pieces = {key: v.tensor_split(k) for key, v in self.items()}
+        return [RolloutBatch({key: pieces[key][i] for key in pieces}) for i in range(k)]
+
     @property
     def device(self) -> torch.device:
         return self["input_ids"].device

@@ -57,3 +57,10 @@ def test_settings_that_would_do_nothing_are_refused():
     assert "reprofile only changes what a curriculum samples" in problems("stages.rl.reprofile={window: 5}")
     assert "only applies to off_policy" in problems("stages.rl.rollout.off_policy=false",
                                                      "stages.rl.rollout.recompute_old_logprobs=true")
+
+
+def test_minibatches_must_divide_the_steps_and_fit_a_group():
+    assert "must be a multiple of rollout.minibatches" in problems("stages.rl.rollout.minibatches=3")
+    assert "must be <= group_size" in problems("stages.rl.rollout.minibatches=32", "stages.rl.steps=64")
+    block = select(load_recipe(TINY, ["stages.rl.rollout.minibatches=2"]).recipe)
+    assert block.stage.rollout.minibatches == 2

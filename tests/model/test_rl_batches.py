@@ -104,6 +104,42 @@ def test_without_recompute_the_batch_leaves_the_staleness_to_the_is_weight(model
     assert "old_logprobs" not in batch  # the objective's IS weight is then pi_theta / pi_rollout
 
 
+class CountingGenerator(HFGenerator):
+    """HFGenerator that counts its generate calls."""
+
+    calls = 0
+
+    def generate(self, *args, **kw):
+        self.calls += 1
+        return super().generate(*args, **kw)
+
+
+@pytest.mark.parametrize("off_policy", [False, True])
+def test_a_rollout_batch_is_split_into_minibatch_steps(model_factory, off_policy):
+    model = model_factory(pattern="M*-")
+    settings = RolloutSettings(group_size=4, max_new_tokens=5, off_policy=off_policy, minibatches=2, max_refills=0)
+    generator = CountingGenerator(model, [END], 0)
+    batches = RolloutBatches(model, generator, PROMPTS, CycleSampler(), parity_score, settings, seed=7, pad_id=0)
+    whole = make_batches(model_factory(pattern="M*-"), off_policy=off_policy, max_refills=0).next_batch()
+    first, second = batches.next_batch(), batches.next_batch()
+    assert (batches.step, batches.rollout) == (2, 1) and generator.calls == 1  # one rollout, two steps
+    assert torch.equal(torch.cat([first["input_ids"], second["input_ids"]]), whole["input_ids"])
+    assert torch.equal(torch.cat([first["advantages"], second["advantages"]]), whole["advantages"])
+    assert abs(len(first["input_ids"]) - len(second["input_ids"])) <= 1
+    for part in (first, second):  # ratio against the sampling policy, so the second step's is clipped
+        assert torch.equal(part["old_logprobs"], part["rollout_logprobs"])
+        assert part.metrics["rl/reward/accuracy"] == whole.metrics["rl/reward/accuracy"]
+    assert first.metrics == second.metrics  # the rollout's figures, on each of its steps
+    batches.next_batch()
+    assert (batches.step, batches.rollout) == (3, 2)
+    batches.close()
+
+
+def test_minibatches_must_leave_every_part_a_row():
+    with pytest.raises(ValueError, match="minibatches"):
+        RolloutSettings(group_size=4, minibatches=5)
+
+
 def test_batch_encoding_is_exact(model_factory):
     batch = make_batches(model_factory(pattern="M*-"), off_policy=True).next_batch()
     again = decode_batch(encode_batch(batch))
@@ -111,13 +147,15 @@ def test_batch_encoding_is_exact(model_factory):
     assert again.metrics == batch.metrics
 
 
-@pytest.mark.parametrize("off_policy,recompute", [(True, False), (True, True), (False, False)])
-def test_resume_gives_the_same_weights(model_factory, tmp_path, off_policy, recompute):
-    cfg = _cfg(4, every=2)
+@pytest.mark.parametrize("off_policy,recompute,minibatches",
+                         [(True, False, 1), (True, True, 1), (False, False, 1), (True, False, 4), (False, False, 4)])
+def test_resume_gives_the_same_weights(model_factory, tmp_path, off_policy, recompute, minibatches):
+    cfg = _cfg(4, every=2)  # with 4 minibatches the checkpoint at step 2 is in the middle of a rollout batch
 
     def run(out, stop_after: int | None):
         model = model_factory(pattern="M*-")
-        batches = make_batches(model, off_policy=off_policy, recompute_old_logprobs=recompute)
+        batches = make_batches(model, off_policy=off_policy, recompute_old_logprobs=recompute,
+                               minibatches=minibatches)
         trainer = Trainer(model, cfg, batches, GRPOObjective(GRPOConfig()), out, "rl", None, "h", progress=False)
         trainer.fit(until_tokens=None if stop_after is None else stop_after * cfg.tokens_per_step)
         batches.close()
@@ -126,7 +164,7 @@ def test_resume_gives_the_same_weights(model_factory, tmp_path, off_policy, reco
     whole, _ = run(tmp_path / "a", None)
     _, first = run(tmp_path / "b", 2)
     model = model_factory(pattern="M*-")
-    batches = make_batches(model, off_policy=off_policy, recompute_old_logprobs=recompute)
+    batches = make_batches(model, off_policy=off_policy, recompute_old_logprobs=recompute, minibatches=minibatches)
     resumed = Trainer(model, cfg, batches, GRPOObjective(GRPOConfig()), tmp_path / "b", "rl", None, "h", progress=False)
     resumed.resume(first.last_checkpoint)
     resumed.fit()
