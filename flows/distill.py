@@ -20,6 +20,10 @@ run per round with per-step `distill/reverse_kl/<domain>`, `distill/logprob_gap/
 every teacher is a content-addressed step: an unchanged recipe reuses them. The run's tags
 `stagewise.teacher.<name>[.round<r>]` name each teacher's checkpoint. The final student is
 registered with the alias `distill`.
+
+With `engine: nemo_rl` each round's training is NeMo RL's MOPD (flows/launched_nemo_rl.py): the
+round's prompts in our sampler's order, its teachers by HF directory, NeMo RL's converter, the
+export adopted as the round's checkpoint; teachers and evaluations are the same.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from flows.distill_schema import DistillStage, TeacherSpec, teacher_rl_block
 from flows.recipe import Recipe
 from flows.rl import (WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows,
                       steps_train_config)
-from flows.rl_schema import RLData, RLStage
+from flows.rl_schema import RLData, RLStage, block_spec
 from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
                          stage_run, start_checkpoint)
 from tasks.policy import run_logger
@@ -94,8 +98,8 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
     with stage_run(ctx, STAGE, {"stagewise.start_checkpoint": start}) as run_id:
         rows = stage_rows(ctx, block.data, block.world_entities, None, STAGE)
         fixed = [_fixed_teacher(t, upstream, ctx.base_dir) for t in cfg.teachers if t.rl is None]
-        spec = {"stage": cfg.model_dump(exclude={"vllm_url", "data"}), "data": block.data.model_dump(),
-                "rl": block.rl.model_dump() if block.rl else None, "suite": block.suites.get(cfg.eval_suite or ""),
+        spec = {"stage": block_spec(cfg, {"vllm_url", "data"}), "data": block.data.model_dump(),
+                "rl": block_spec(block.rl, set()) if block.rl else None, "suite": block.suites.get(cfg.eval_suite or ""),
                 "seed": ctx.seed, "version": DISTILL_VERSION}
         out_dir = step_dir(ctx.stages_root, STAGE, spec, [checkpoint_hash(start), *rows.hashes(),
                                                           *(checkpoint_hash(p) for p in fixed)])
@@ -104,6 +108,8 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
             return reused
         teacher_ctx = ctx.model_copy(update={"parent_run_id": run_id})
         evaluator = _Evaluator(ctx, block, rows, run_id)
+        if cfg.engine == "nemo_rl":  # refused before any teacher trains: what only the rows tell
+            _refuse_on_nemo_rl(cfg, rows, evaluator.wiring(start))
         student, before = start, evaluator.student(start, at=0)
         first = before
         round_results = []
@@ -278,7 +284,7 @@ def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teache
     cfg = block.stage
     name = f"{STAGE}/round-{r}"
     not_trained = {"vllm_url", "rounds", "eval_suite", "eval_limit", "retention_margin", "data"}
-    spec = {"stage": cfg.model_dump(exclude=not_trained),
+    spec = {"stage": block_spec(cfg, not_trained),
             "data": block.data.model_dump(), "seed": ctx.seed, "version": DISTILL_VERSION}
     out_dir = step_dir(ctx.stages_root, f"{STAGE}-round", spec,
                        [checkpoint_hash(student), *rows.hashes(),
@@ -292,7 +298,8 @@ def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teache
             meta = read_meta(reused.checkpoint)
             return CheckpointRef(path=reused.checkpoint, step=meta.step, tokens_seen=meta.tokens_seen,
                                  sha256=meta.weight_sha256 or ""), run_id
-        ckpt = _train_round(round_ctx, block, student, teachers, rows, out_dir, run_id)
+        train = _round_on_nemo_rl if cfg.engine == "nemo_rl" else _train_round
+        ckpt = train(round_ctx, block, student, teachers, rows, out_dir, run_id)
         result = StageResult(stage=f"{STAGE}-round-{r}", parent=student, checkpoint=ckpt.path, run_id=run_id,
                              stage_dir=str(out_dir))
         finish(round_ctx, out_dir, result, at=(ckpt.step, ckpt.tokens_seen))
@@ -323,11 +330,7 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
     if not tokenizer.chat_template:
         install_chat_template(tokenizer)
     wiring = RLWiring(tokenizer, rows.train, _accuracy_only(), cfg.reasoning)
-    routes = cfg.routes()
-    unrouted = sorted({r.domain for r in rows.train} - set(routes))
-    if unrouted and cfg.default_teacher is None:
-        raise BadInput(f"stages.distill.teachers: no teacher covers domain(s) {', '.join(unrouted)} "
-                       "(list them under a teacher's domains or set default_teacher)")
+    routes = _routes(cfg, rows)
     policy = load_model(student, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     options = {"hf": {"device": device}, "hf-process": {"threads": cfg.worker_threads},
@@ -337,10 +340,7 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
     router = TeacherRouter({name: make_teacher(cfg.teacher_backend, name, path=path, url=urls[name], device=str(device))
                             for name, path in teachers.items()}, routes, cfg.default_teacher)
     try:
-        by_domain: dict[str, list[tuple[str, float]]] = {}
-        for r in rows.train:
-            by_domain.setdefault(r.domain, []).append((r.id, 0.5))
-        ratios = cfg.domains or {d: 1.0 for d in sorted(by_domain)}
+        by_domain, ratios = _prompts(cfg, rows)
         sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps, None, ctx.seed)
         batches = DistillBatches(policy, generator, wiring.prompts, sampler, router.score, cfg.rollout, ctx.seed,
                                  pad_id, discount=cfg.discount, score=wiring.score)
@@ -353,6 +353,59 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
     finally:
         router.close()
         getattr(generator, "close", lambda: None)()
+
+
+def _routes(cfg: DistillStage, rows: StageRows) -> dict[str, str]:
+    """domain -> teacher name; BadInput when a domain of the prompts has no teacher and no default."""
+    routes = cfg.routes()
+    unrouted = sorted({r.domain for r in rows.train} - set(routes))
+    if unrouted and cfg.default_teacher is None:
+        from data.errors import BadInput
+
+        raise BadInput(f"stages.distill.teachers: no teacher covers domain(s) {', '.join(unrouted)} "
+                       "(list them under a teacher's domains or set default_teacher)")
+    return routes
+
+
+def _prompts(cfg: DistillStage, rows: StageRows) -> tuple[dict[str, list[tuple[str, float]]], dict[str, float]]:
+    """What the sampler draws a round's prompts from (every prompt at pass rate 0.5: no curriculum)
+    and the domains' shares."""
+    by_domain: dict[str, list[tuple[str, float]]] = {}
+    for r in rows.train:
+        by_domain.setdefault(r.domain, []).append((r.id, 0.5))
+    return by_domain, cfg.domains or {d: 1.0 for d in sorted(by_domain)}
+
+
+def _refuse_on_nemo_rl(cfg: DistillStage, rows: StageRows, wiring) -> None:
+    """What NeMo RL's MOPD cannot express given the rows (their verifiers' agents, the longest prompt)."""
+    from flows.launched_nemo_rl import gym_environments, refuse_unsupported
+    from model.scaleout.nemo_rl import unsupported_distill
+
+    refuse_unsupported("stages.distill", unsupported_distill(
+        cfg, environments=gym_environments(rows.train), gym_agents=cfg.nemo_gym.agents if cfg.nemo_gym else None,
+        max_prompt_tokens=max(len(wiring.prompts[r.id].ids) for r in rows.train)))
+
+
+def _round_on_nemo_rl(ctx: StageContext, block: DistillInputs, student: str, teachers: dict[str, str],
+                      rows: StageRows, out_dir: Path, run_id: str) -> CheckpointRef:
+    """One round on NeMo RL's MOPD (flows/launched_nemo_rl.py): the prompts in our sampler's order,
+    the round's teachers by their HF directories, one driver launch, NeMo RL's converter, the
+    export adopted as the round's checkpoint."""
+    from data.chat import load_chat_tokenizer
+    from flows.launched import run_engine
+    from flows.launched_nemo_rl import distill_plan, mlflow_target, row_agents
+    from tasks.rl import RLWiring
+
+    cfg = block.stage
+    _routes(cfg, rows)
+    wiring = RLWiring(load_chat_tokenizer(student), rows.train, _accuracy_only(), cfg.reasoning)
+    by_domain, ratios = _prompts(cfg, rows)
+    plan = distill_plan(cfg, student=student, teachers=teachers, rows={r.id: r.row for r in rows.train},
+                        agents=row_agents(rows.train, cfg.nemo_gym), by_domain=by_domain, ratios=ratios,
+                        max_prompt_tokens=max(len(p.ids) for p in wiring.prompts.values()), out_dir=out_dir,
+                        seed=ctx.seed, mlflow=mlflow_target(ctx.tracker, run_id, STAGE))
+    return run_engine(ctx, STAGE, cfg.engine, cfg.launch, run_id, out_dir, plan, parent=student,
+                      tokenizer_dir=student)
 
 
 def _report(tracker, run_id: str, round_run_id: str, before: dict[str, float], after: dict[str, float],

@@ -23,7 +23,7 @@ from flows.rl_schema import RLData, RLStage
 from model.config import MonitorConfig, OptimizerConfig, ScheduleConfig
 from model.objectives.grpo import GRPOConfig
 from model.rl_batches import SamplingSettings
-from model.scaleout.config import EngineChoice
+from model.scaleout.config import EngineChoice, NemoGym
 
 
 class _Config(BaseModel):
@@ -113,6 +113,8 @@ class DistillStage(EngineChoice):
     """Save a resumable checkpoint every N steps (and always at the end)."""
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Monitors."""
+    nemo_gym: NemoGym | None = None
+    """engine nemo_rl: the NeMo Gym agents that verify the prompts' rows there (None: none given)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "DistillStage":

@@ -68,6 +68,10 @@ def _engine_problems(r: Recipe) -> list[tuple[str, str, str]]:
             out.append((f"{at}.gate", _LAUNCHED_GATE.format(engine=block.engine), f"{at}.gate"))
         elif block.engine == "megatron":
             out += _megatron_problems(r, name)
+        elif block.engine == "nemo_rl":
+            from flows.recipe_checks_nemo_rl import nemo_rl_problems
+
+            out += nemo_rl_problems(r, name)
     return out
 
 
@@ -139,9 +143,8 @@ def _megatron_sft(r: Recipe) -> list[tuple[str, str, str]]:
     return out
 
 
-LAUNCHED_STAGES = ("pretrain", "long_context", "sft")
-"""Stages whose flow launches their engine (flows/launched*.py); the others' translations exist but
-are not wired into their flows yet."""
+LAUNCHED_STAGES = ("pretrain", "long_context", "sft", "rl", "distill")
+"""Stages whose flow launches their engine (flows/launched*.py)."""
 
 
 def _merge_problems(r: Recipe) -> list[tuple[str, str, str]]:

@@ -20,6 +20,10 @@ checkpoint is registered with the alias `rl`.
 pass@1 is the mean verifier result of one sampled response at the rollout temperature,
 estimated from `heldout_samples` responses per prompt (each prompt weighs the same); greedy is
 the single temperature-0 answer, as SFT's held-out exact match reads it.
+
+With `engine: nemo_rl` the world, the profile, the filter and both evaluations are the same;
+rl-train is NeMo RL's GRPO driver on the kept prompts in our sampler's order, then NeMo RL's
+converter, the export adopted as the stage's checkpoint (flows/launched_nemo_rl.py).
 """
 
 from __future__ import annotations
@@ -32,11 +36,11 @@ from prefect import flow
 from pydantic import BaseModel
 
 from flows.recipe import Recipe
-from flows.rl_schema import RLStage
+from flows.rl_schema import RLStage, block_spec
 from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
                          stage_run, start_checkpoint)
 from tasks.policy import run_logger
-from tasks.refs import StageResult, StageSummary
+from tasks.refs import CheckpointRef, StageResult, StageSummary
 from tasks.rl import (RLWiring, ScoresCache, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
                       rl_world_task)
 from tasks.sft_data import resolve
@@ -79,7 +83,7 @@ RL_VERSION = 2
 def rl_spec(block: RLInputs, seed: int) -> dict:
     """What determines the stage's outcome besides its inputs' hashes (rows, start checkpoint)."""
     # where a vLLM server listens says nothing about the weights: not hashed
-    spec = {"stage": block.stage.model_dump(exclude={"vllm_url"}), "seed": seed, "version": RL_VERSION}
+    spec = {"stage": block_spec(block.stage, {"vllm_url"}), "seed": seed, "version": RL_VERSION}
     if block.only_domains is not None:
         spec["only_domains"] = sorted(block.only_domains)
     if not block.evaluate:
@@ -161,6 +165,13 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
     heldout_rows = round_robin([r for r in heldout_rows if r.domain in trained and block.evaluate],
                                lambda r: r.domain, cfg.data.heldout_limit)
     wiring = RLWiring(tokenizer, train_rows + heldout_rows, cfg.rewards, cfg.reasoning)
+    if cfg.engine == "nemo_rl":  # what only the rows tell, before anything trains: verifiers, longest prompt
+        from flows.launched_nemo_rl import gym_environments, refuse_unsupported
+        from model.scaleout.nemo_rl import unsupported
+
+        refuse_unsupported("stages.rl", unsupported(cfg, environments=gym_environments(train_rows),
+                                                    gym_agents=cfg.nemo_gym.agents if cfg.nemo_gym else None,
+                                                    max_prompt_tokens=_longest_prompt(wiring, train_rows)))
     policy = load_model(start_from, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     options = {"hf": {"device": device}, "hf-process": {"threads": cfg.worker_threads},
@@ -176,12 +187,8 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
 def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_rows, wiring, heldout_rows, policy,
                     generator, pad_id: int, out_dir: Path, run_id: str, log) -> StageResult:
     from data.rl_curriculum import difficulty_filter
-    from data.rl_sampler import CurriculumSampler
-    from model.engine import Trainer
-    from model.objectives.grpo import GRPOObjective
-    from model.rl_batches import RolloutBatches, pass_rates, seed_for
 
-    cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
+    cfg, tracker = block.stage, ctx.tracker
     ro = cfg.rollout
 
     # the difficulty profile and filter
@@ -209,6 +216,46 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     for i in kept:
         by_domain.setdefault(wiring.prompts[i].domain, []).append((i, rates[i]))
     ratios = cfg.domains or {d: 1.0 for d in sorted(by_domain)}
+    if cfg.engine == "nemo_rl":
+        ckpt = _on_nemo_rl(ctx, block, start_from, train_rows, wiring, by_domain, ratios, out_dir, run_id)
+        policy.load_state_dict(load_weights(ckpt.path, ctx.runtime.device))
+        trained_tokens = ckpt.tokens_seen
+    else:
+        ckpt, trained_tokens = _on_torch(ctx, block, start_from, wiring, policy, generator, pad_id, by_domain, ratios,
+                                         out_dir, run_id, log)
+    generator.sync_weights(policy.state_dict())
+    after = evaluate((ckpt.step, ckpt.tokens_seen), ckpt.sha256 or checkpoint_hash(ckpt.path))
+    _say_heldout(log, block.name, "after", after)
+    deltas = {f"rl/heldout/{k.split('/', 2)[2]}_delta": after[k] - before[k] for k in before if k in after}
+    tracker.log_metrics(run_id, [(ckpt.step, ckpt.tokens_seen, deltas)])
+    _report(tracker, run_id, before, after)
+    summary = StageSummary(metric=TARGET, before=before.get(TARGET), after=after.get(TARGET), higher_is_better=True,
+                           tokens=trained_tokens)
+    result = StageResult(stage=block.name, parent=start_from, checkpoint=ckpt.path, run_id=run_id,
+                         metrics={**after, **{f"base/{k}": v for k, v in before.items()}, **deltas},
+                         stage_dir=str(out_dir), summary=summary)
+    return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))
+
+
+def load_weights(path: str, device) -> dict:
+    """A checkpoint's weights as a state dict (a launched engine's adopted export, into the policy
+    the stage's evaluation samples with)."""
+    from model.build import load_model
+
+    return load_model(path, device=device).state_dict()
+
+
+def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, policy, generator, pad_id: int,
+              by_domain: dict[str, list[tuple[str, float]]], ratios: dict[str, float], out_dir: Path, run_id: str,
+              log) -> tuple[CheckpointRef, int]:
+    """GRPO on our engine (model/engine.py + model/rl_batches.py): the checkpoint and the rollout tokens trained."""
+    from data.rl_sampler import CurriculumSampler
+    from model.engine import Trainer
+    from model.objectives.grpo import GRPOObjective
+    from model.rl_batches import RolloutBatches, pass_rates, seed_for
+
+    cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
+    ro = cfg.rollout
     sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps // ro.minibatches, cfg.curriculum,
                                 ctx.seed)  # the curriculum moves per rollout batch
 
@@ -239,18 +286,30 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
                       device=device, parent=start_from)
     resume = resume_point(out_dir, ctx.resume)
     ckpt = value_of(rl_train_task(trainer, batches, resume.path if resume else None, tracker, run_id))
-    generator.sync_weights(policy.state_dict())
-    after = evaluate((ckpt.step, ckpt.tokens_seen), ckpt.sha256 or checkpoint_hash(ckpt.path))
-    _say_heldout(log, block.name, "after", after)
-    deltas = {f"rl/heldout/{k.split('/', 2)[2]}_delta": after[k] - before[k] for k in before if k in after}
-    tracker.log_metrics(run_id, [(ckpt.step, ckpt.tokens_seen, deltas)])
-    _report(tracker, run_id, before, after)
-    summary = StageSummary(metric=TARGET, before=before.get(TARGET), after=after.get(TARGET), higher_is_better=True,
-                           tokens=batches.trained_tokens)
-    result = StageResult(stage=block.name, parent=start_from, checkpoint=ckpt.path, run_id=run_id,
-                         metrics={**after, **{f"base/{k}": v for k, v in before.items()}, **deltas},
-                         stage_dir=str(out_dir), summary=summary)
-    return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))
+    return ckpt, batches.trained_tokens
+
+
+def _on_nemo_rl(ctx: StageContext, block: RLInputs, start_from: str, train_rows, wiring,
+                by_domain: dict[str, list[tuple[str, float]]], ratios: dict[str, float], out_dir: Path,
+                run_id: str) -> CheckpointRef:
+    """GRPO on NeMo RL (flows/launched_nemo_rl.py): the kept prompts in our sampler's order, one
+    driver launch, NeMo RL's converter, the export adopted as `step-<steps>`."""
+    from flows.launched import run_engine
+    from flows.launched_nemo_rl import mlflow_target, rl_plan, row_agents
+
+    cfg = block.stage
+    kept = {i for ids in by_domain.values() for i, _ in ids}
+    rows = [r for r in train_rows if r.id in kept]
+    plan = rl_plan(cfg, start=start_from, rows={r.id: r.row for r in rows}, agents=row_agents(rows, cfg.nemo_gym),
+                   by_domain=by_domain, ratios=ratios, max_prompt_tokens=_longest_prompt(wiring, rows),
+                   out_dir=out_dir, seed=ctx.seed, mlflow=mlflow_target(ctx.tracker, run_id, block.name))
+    return run_engine(ctx, block.name, cfg.engine, cfg.launch, run_id, out_dir, plan, parent=start_from,
+                      tokenizer_dir=start_from)
+
+
+def _longest_prompt(wiring, rows) -> int:
+    """The longest rendered prompt of `rows` in tokens (what sizes NeMo RL's sequence, as ours)."""
+    return max(len(wiring.prompts[r.id].ids) for r in rows)
 
 
 def steps_train_config(cfg, rollout, prompts: dict, runtime) -> "TrainConfig":

@@ -19,7 +19,7 @@ from eval.rewards import RewardConfig
 from model.config import MonitorConfig, OptimizerConfig, ScheduleConfig
 from model.objectives.grpo import GRPOConfig
 from model.rl_batches import PlateauRule, RolloutSettings
-from model.scaleout.config import EngineChoice
+from model.scaleout.config import EngineChoice, NemoGym
 
 
 class _Config(BaseModel):
@@ -130,6 +130,8 @@ class RLStage(EngineChoice):
     """Save a resumable checkpoint every N steps (and always at the end)."""
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Monitors."""
+    nemo_gym: NemoGym | None = None
+    """engine nemo_rl: the NeMo Gym agents that verify the rows there (None: none given)."""
 
     @model_validator(mode="after")
     def _reprofile_needs_a_curriculum(self) -> "RLStage":
@@ -151,3 +153,10 @@ class RLStage(EngineChoice):
             raise ValueError("grpo.temperature must equal rollout.temperature (set rollout.temperature only)")
         self.grpo = self.grpo.model_copy(update={"temperature": self.rollout.temperature})
         return self
+
+
+def block_spec(stage: BaseModel, exclude: set[str]) -> dict:
+    """An RL or distill block as a step spec without `exclude`; `nemo_gym` only when given, so a
+    step finished before the key existed keeps its hash (it matters only to engine nemo_rl)."""
+    unset = {"nemo_gym"} if getattr(stage, "nemo_gym", None) is None else set()
+    return stage.model_dump(exclude=exclude | unset)

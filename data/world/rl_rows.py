@@ -32,6 +32,10 @@ from data.world.conversations import MAKERS
 from data.world.facts import make_entities
 
 RL_DOMAINS = ("arithmetic", "format", "calculator", "sorting")
+ENVIRONMENTS = {"arithmetic": ("exact_answer",), "format": ("json_answer", "uppercase"), "calculator": ("calculator",),
+                "sorting": ("sorting",)}
+"""The verifiers each domain's rows name (the table above; format: the `format_kinds` asked for),
+known before any row is written (the recipe check of `engine: nemo_rl` maps them to NeMo Gym agents)."""
 
 
 def _final_answer(conv: dict) -> str:

@@ -136,6 +136,20 @@ class LaunchConfig(_Config):
         return self.gpus // self.parallel.model_parallel
 
 
+class NemoGym(_Config):
+    """NeMo Gym's side of `engine: nemo_rl` (rl, distill): NeMo RL scores rows with NeMo Gym
+    servers, not with our verifiers (eval/environments), so the recipe says which Gym agent
+    verifies the rows of each of our environments and which Gym configs start those agents."""
+
+    agents: dict[str, str] = Field(default_factory=dict)
+    """Our environment (exact_answer, json_answer, ...) -> the NeMo Gym agent that verifies its rows
+    there (written as each row's `agent_ref.name` unless the row names one)."""
+    config_paths: list[str] = Field(default_factory=list)
+    """NeMo Gym server configs that serve those agents, as NeMo RL's `env.nemo_gym.config_paths`
+    (e.g. resources_servers/math_with_judge/configs/math_with_judge.yaml); the policy's own model
+    server is added first."""
+
+
 class EngineChoice(_Config):
     """The `engine` and `launch` keys every trainable stage block has (flows/recipe_checks.py checks
     the engine against the stage: ENGINES_BY_STAGE, and that a launched engine has a `launch`)."""

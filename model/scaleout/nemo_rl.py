@@ -13,6 +13,14 @@ rows are NeMo Gym rows (data/rl_rows.py), so the translation targets NeMo RL's N
     ordered_rows(...)            the difficulty filter and the Gaussian curriculum, realised as data:
                                  every step's prompts in step order, read with `data.shuffle: false`
     argv(config_path, overrides) the entry (`python examples/nemo_gym/run_grpo_nemo_gym.py --config ...`)
+    export_argv(config, out)     NeMo RL's own converter of the run's last checkpoint to Hugging Face
+
+Steps: our `steps` are optimizer steps, NeMo RL's `max_num_steps` rollout steps. With
+`rollout.minibatches: k` one rollout batch of prompts_per_step x G rows is k updates on our
+engine; NeMo RL's policy trains `size // train_global_batch_size` global batches per rollout step,
+one optimizer step each (megatron_policy_worker.py train), so train_global_batch_size = rows / k
+and max_num_steps = steps / k. Its LR scheduler ticks once per rollout step (scheduler.step once
+per train() call), so warmup and decay are counted in rollout steps.
 
 Why MOPD and not NeMo RL's `distillation:` algorithm (examples/run_distillation.py,
 distillation_math.yaml): that one matches the teacher's top-k logits with a forward/reverse/mixed
@@ -62,6 +70,16 @@ GYM_POLICY_SERVER = "responses_api_models/vllm_model/configs/vllm_model_for_trai
 """The NeMo Gym model server every Gym run lists first (grpo_nanov3.yaml: "Required! And it must be *for_training")."""
 AGENT_TYPE = "responses_api_agents"
 """`agent_ref.type` of a NeMo Gym row (data/rl_rows.py)."""
+MEGATRON_CONVERTER = "examples/converters/convert_megatron_to_hf.py"
+"""NeMo RL's converter of a Megatron policy checkpoint (`step_<n>/policy/weights/iter_0000000`) to HF;
+it needs Megatron-Core, which NeMo RL's image keeps in its uv cache (`uv run --extra mcore`, the
+converter's own docstring) and a venv has when synced with `--extra mcore`."""
+DCP_CONVERTER = "examples/converters/convert_dcp_to_hf.py"
+"""NeMo RL's converter of a DTensor policy checkpoint (torch DCP, `step_<n>/policy/weights`) to HF."""
+MEGATRON_ITERATION = "iter_0000000"
+"""The one iteration directory a NeMo RL Megatron save writes under policy/weights: its training
+loop never advances Megatron's train_state.step (docs/design-docs/checkpointing.md converts
+`step_<n>/policy/weights/iter_0000000` for every n)."""
 
 
 class RLBlock(Protocol):
@@ -231,6 +249,7 @@ def _common(stage: Any, ro: SamplingSettings, *, model: str, launch: LaunchConfi
     parallel sizes, optimizer, schedule), checkpoints, logger, cluster, data and environment."""
     run = Path(run_dir)
     rows = stage.prompts_per_step * ro.group_size
+    k = minibatches(ro)
     seq = max_prompt_tokens + ro.max_new_tokens
     root = launch.env.workdir or DEFAULT_ROOT
     par = launch.parallel
@@ -241,7 +260,7 @@ def _common(stage: Any, ro: SamplingSettings, *, model: str, launch: LaunchConfi
         "context_parallel_size": par.cp, "expert_model_parallel_size": par.ep,
         "sequence_parallel": par.sequence_parallel,
         "optimizer": _optimizer(stage.optimizer, precision),
-        "scheduler": _scheduler(stage.schedule, stage.steps, rows * seq),
+        "scheduler": _scheduler(stage.schedule, rollout_steps(stage), rows * seq),
     }
     if par.etp is not None:
         megatron["expert_tensor_parallel_size"] = par.etp
@@ -260,8 +279,8 @@ def _common(stage: Any, ro: SamplingSettings, *, model: str, launch: LaunchConfi
         "grpo": {
             "num_prompts_per_step": stage.prompts_per_step,
             "num_generations_per_prompt": ro.group_size,
-            "max_num_steps": stage.steps,
-            "max_num_epochs": 1,  # the ordered rows hold exactly `steps` batches
+            "max_num_steps": rollout_steps(stage),
+            "max_num_epochs": 1,  # the ordered rows hold every rollout step's batch (and refills)
             "max_rollout_turns": 1,
             "seed": seed,
             "overlong_filtering": False,  # ours scores a cut response like any other
@@ -277,7 +296,7 @@ def _common(stage: Any, ro: SamplingSettings, *, model: str, launch: LaunchConfi
         "policy": {
             "model_name": model,
             "tokenizer": {"name": tokenizer or model},
-            "train_global_batch_size": rows,  # one optimizer update per rollout step
+            "train_global_batch_size": rows // k,  # k optimizer updates per rollout step
             "train_micro_batch_size": _micro_batch(stage, ro),
             "logprob_batch_size": _micro_batch(stage, ro),
             "max_total_sequence_length": seq,
@@ -291,7 +310,8 @@ def _common(stage: Any, ro: SamplingSettings, *, model: str, launch: LaunchConfi
         "checkpointing": {
             "enabled": True,
             "checkpoint_dir": str(run / "checkpoints"),
-            "save_period": stage.checkpoint_every_steps or stage.steps,  # NeMo RL also saves the last step
+            # in rollout steps; NeMo RL also saves the last step
+            "save_period": max(1, (stage.checkpoint_every_steps or stage.steps) // k),
             "metric_name": None,  # no in-run validation metric: keep the latest
         },
         "logger": {
@@ -337,7 +357,8 @@ def _optimizer(opt: OptimizerConfig, precision: str) -> dict[str, Any]:
 
 
 def _scheduler(sched: ScheduleConfig, steps: int, tokens_per_step: int) -> dict[str, Any]:
-    """megatron_cfg.scheduler: our schedule over tokens as Megatron's over iterations (one per step).
+    """megatron_cfg.scheduler: our schedule over tokens as Megatron's over iterations, one per rollout
+    step (`steps` of `tokens_per_step` tokens each; NeMo RL ticks the scheduler once per train() call).
     Ours warms up linearly from 0; wsd has no NeMo RL schema field and is written as constant."""
     out: dict[str, Any] = {
         "lr_decay_style": "cosine" if sched.kind == "cosine" else "constant",
@@ -355,8 +376,18 @@ def _precision(precision: str) -> str:
 
 
 def _micro_batch(stage: Any, ro: SamplingSettings) -> int:
-    """Responses per forward/backward, a divisor of the step's rows (as flows' steps_train_config)."""
-    return math.gcd(stage.prompts_per_step * ro.group_size, stage.micro_batch)
+    """Responses per forward/backward, a divisor of an optimizer step's rows (as flows' steps_train_config)."""
+    return math.gcd(stage.prompts_per_step * ro.group_size // minibatches(ro), stage.micro_batch)
+
+
+def minibatches(ro: SamplingSettings) -> int:
+    """Optimizer steps per rollout batch (RL's rollout.minibatches; distillation samples have none: 1)."""
+    return getattr(ro, "minibatches", 1)
+
+
+def rollout_steps(stage: Any) -> int:
+    """NeMo RL's max_num_steps: the stage's optimizer steps in rollout batches."""
+    return stage.steps // minibatches(stage.rollout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,6 +415,15 @@ def unsupported(stage: RLBlock, *, environments: Iterable[str] = (), gym_agents:
     if loss.kl_coeff > 0:
         out.append(("grpo.kl_coeff", "NeMo RL's k3 term carries the score-function gradient (k3 x exp(logp - "
                     "sg(logp)), loss_functions.py); ours differentiates k3 alone"))
+    k, rows = ro.minibatches, stage.prompts_per_step * ro.group_size
+    if rows % k:
+        out.append(("rollout.minibatches", f"NeMo RL trains whole global batches of train_global_batch_size rows "
+                    f"(megatron_policy_worker.py train: size // gbs of them); {rows} rows per rollout step do not "
+                    f"split into {k} equal parts"))
+    elif k > 1 and (stage.schedule.warmup_tokens or stage.schedule.kind != "constant"):
+        out.append(("rollout.minibatches", "NeMo RL's LR scheduler ticks once per rollout step (scheduler.step "
+                    "once per train() call), ours once per optimizer step: with a warmup or a decay the "
+                    f"{k} updates of a batch would share one learning rate"))
     if stage.reprofile is not None:
         out.append(("reprofile", "re-profiling needs the current policy mid-run; NeMo RL has no hook to reorder "
                     "its data, and the ordered rows are fixed before the launch"))
@@ -452,23 +492,26 @@ def _shared(stage: Any, ro: SamplingSettings, environments: Iterable[str], gym_a
 def ordered_rows(rows: Mapping[str, RLRow], by_domain: Mapping[str, Sequence[tuple[str, float]]], *,
                  ratios: Mapping[str, float], batch_size: int, total_steps: int,
                  curriculum: CurriculumConfig | None, seed: int,
-                 agent_of: Callable[[RLRow], str] | None = None) -> list[RLRow]:
+                 agent_of: Callable[[str], str] | None = None, spare_batches: int = 0) -> list[RLRow]:
     """Every step's prompts, step after step: what our engine's sampler (data/rl_sampler.py
     CurriculumSampler, first draws) trains on, as rows for NeMo RL to read in order.
 
     `by_domain` is what the stage hands the sampler: the difficulty filter's kept ids with their
     pass rates, per domain. Steps 1..total_steps give batch_size ids each, so a NeMo RL run with
     num_prompts_per_step = batch_size and shuffling off trains step s on our step s's prompts (a
-    dynamic-sampling refill reads the next step's). `agent_of` names the NeMo Gym agent of a row
-    without an `agent_ref`."""
+    dynamic-sampling refill reads the next step's). `spare_batches` more follow, drawn as refills
+    of the last step (attempts 1, 2, ...), so refills never exhaust the rows before the last step:
+    NeMo RL ends at the end of its data, short of max_num_steps. `agent_of` names the NeMo Gym
+    agent of a row (by prompt id) without an `agent_ref`."""
     sampler = CurriculumSampler({d: list(v) for d, v in by_domain.items()}, dict(ratios), batch_size,
                                 total_steps, curriculum, seed)
+    draws = [(step, 0) for step in range(1, total_steps + 1)] + [(total_steps, a) for a in range(1, spare_batches + 1)]
     out = []
-    for step in range(1, total_steps + 1):
-        for pid in sampler.sample(step, 0):
+    for step, attempt in draws:
+        for pid in sampler.sample(step, attempt):
             row = rows[pid]
             if agent_of is not None and "agent_ref" not in row.as_json():
-                row = RLRow.model_validate({**row.as_json(), "agent_ref": {"type": AGENT_TYPE, "name": agent_of(row)}})
+                row = RLRow.model_validate({**row.as_json(), "agent_ref": {"type": AGENT_TYPE, "name": agent_of(pid)}})
             out.append(row)
     return out
 
@@ -496,6 +539,31 @@ def argv(config_path: str | os.PathLike, overrides: Mapping[str, Any] | Sequence
     return ["python", ENTRY, "--config", str(config_path), *overrides]
 
 
+def last_checkpoint(config: Mapping[str, Any]) -> Path:
+    """Where the run's last save lands: `<checkpointing.checkpoint_dir>/step_<max_num_steps>`
+    (utils/checkpoint.py CheckpointManager names a save after its 1-based rollout step, and
+    grpo.py saves the last step whatever save_period says)."""
+    return Path(config["checkpointing"]["checkpoint_dir"]) / f"step_{config['grpo']['max_num_steps']}"
+
+
+def export_argv(config: Mapping[str, Any], hf_dir: str | os.PathLike, *, image: bool) -> list[str]:
+    """NeMo RL's converter of the last checkpoint to a Hugging Face directory `hf_dir`, run in its checkout.
+
+    The policy decides which: Megatron (`policy.megatron_cfg.enabled`, our base's) is
+    convert_megatron_to_hf.py on `policy/weights/iter_0000000`, the HF model and tokenizer read
+    from the step's config.yaml; DTensor is convert_dcp_to_hf.py on `policy/weights`. In NeMo RL's
+    image the Megatron converter runs under `uv run --extra mcore` (the image's default venv lacks
+    Megatron-Core); a venv (`image` false) must have been synced with the mcore extra."""
+    step = last_checkpoint(config)
+    weights = step / "policy" / "weights"
+    if config["policy"].get("megatron_cfg", {}).get("enabled"):
+        python = ["uv", "run", "--extra", "mcore", "python"] if image else ["python"]
+        return [*python, MEGATRON_CONVERTER, "--config", str(step / "config.yaml"),
+                "--megatron-ckpt-path", str(weights / MEGATRON_ITERATION), "--hf-ckpt-path", str(hf_dir)]
+    return ["python", DCP_CONVERTER, "--config", str(step / "config.yaml"), "--dcp-ckpt-path", str(weights),
+            "--hf-ckpt-path", str(hf_dir)]
+
+
 def _hydra_value(v: Any) -> str:
     if v is None:
         return "null"
@@ -504,7 +572,8 @@ def _hydra_value(v: Any) -> str:
     return str(v)
 
 
-__all__ = ["AGENT_TYPE", "BASE_CONFIG", "DEFAULT_ROOT", "ENTRY", "GYM_POLICY_SERVER", "NEMO_RL_COMMIT",
-           "DistillBlock", "MlflowTarget", "RLBlock", "Unsupported", "argv", "distill_config", "grpo_config",
-           "ordered_rows", "teacher_routes", "unsupported", "unsupported_distill", "write_config",
+__all__ = ["AGENT_TYPE", "BASE_CONFIG", "DCP_CONVERTER", "DEFAULT_ROOT", "ENTRY", "GYM_POLICY_SERVER",
+           "MEGATRON_CONVERTER", "MEGATRON_ITERATION", "NEMO_RL_COMMIT", "DistillBlock", "MlflowTarget", "RLBlock",
+           "Unsupported", "argv", "distill_config", "export_argv", "grpo_config", "last_checkpoint", "minibatches",
+           "ordered_rows", "rollout_steps", "teacher_routes", "unsupported", "unsupported_distill", "write_config",
            "write_ordered_rows"]

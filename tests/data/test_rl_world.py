@@ -9,11 +9,15 @@ import pytest
 
 from data.rl_rows import prompt_key, prompt_messages, read_rows
 from data.world.calculator import evaluate
-from data.world.rl_rows import RL_DOMAINS, domain_rows, generate_rl_world, reference_completion
+from data.world.rl_rows import ENVIRONMENTS, RL_DOMAINS, domain_rows, generate_rl_world, reference_completion
 from eval.environments import get_environment
 
 DOMAIN_ENVS = {"arithmetic": {"exact_answer"}, "format": {"json_answer", "uppercase"},
                "calculator": {"calculator"}, "sorting": {"sorting"}}
+
+
+def test_the_environments_table_is_what_the_rows_name():
+    assert {d: set(envs) for d, envs in ENVIRONMENTS.items()} == DOMAIN_ENVS
 
 
 @pytest.fixture(scope="module")

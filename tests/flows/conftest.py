@@ -11,3 +11,11 @@ def fake_megatron(tmp_path_factory):
     from tests.flows.fake_engines.megatron import make_fake_megatron
 
     return make_fake_megatron(tmp_path_factory.mktemp("fake-megatron"))
+
+
+@pytest.fixture(scope="session")
+def fake_nemo_rl(tmp_path_factory):
+    """The stand-in NeMo RL (tests/flows/fake_engines/nemo_rl.py): (venv, checkout)."""
+    from tests.flows.fake_engines.nemo_rl import make_fake_nemo_rl
+
+    return make_fake_nemo_rl(tmp_path_factory.mktemp("fake-nemo-rl"))

@@ -29,10 +29,41 @@ def test_a_launched_engine_validates_with_its_launch():
     assert r.stages.pretrain.launch.data_parallel == 2 and r.stages.pretrain.launch.parallel.sequence_parallel
 
 
-@pytest.mark.parametrize("stage,engine", [("rl", "nemo_rl"), ("distill", "nemo_rl")])
-def test_stages_whose_flow_does_not_launch_yet_say_so(stage, engine):
-    text = problems(f"stages.{stage}.engine={engine}", f"stages.{stage}.launch={VENV}")
-    assert f"stages.{stage}.engine: the {stage} stage cannot launch '{engine}' yet" in text
+NEMO_RL = "{env: {venv: /opt/nemo-rl/.venv, workdir: /opt/nemo-rl}, gpus_per_node: 8}"
+GYM = ("{agents: {exact_answer: math_with_judge_simple_agent, json_answer: structured_outputs_simple_agent}, "
+       "config_paths: [resources_servers/math_with_judge/configs/math_with_judge.yaml]}")
+RL_ON_NEMO_RL = ["stages.rl.engine=nemo_rl", f"stages.rl.launch={NEMO_RL}", f"stages.rl.nemo_gym={GYM}",
+                 "stages.rl.reasoning=true", "stages.rl.rollout.off_policy=false", "stages.rl.rewards={accuracy: 1.0}"]
+
+
+def test_an_rl_block_nemo_rl_can_express_validates():
+    r = load_recipe(TINY, [*RL_ON_NEMO_RL, "stages.rl.rollout.minibatches=2"]).recipe
+    assert r.stages.rl.engine == "nemo_rl" and r.stages.rl.nemo_gym.agents["exact_answer"]
+
+
+def test_the_demo_rl_block_is_refused_on_nemo_rl_naming_each_field_at_its_line():
+    text = problems("stages.rl.engine=nemo_rl", f"stages.rl.launch={NEMO_RL}")
+    for field in ("nemo_gym.agents.exact_answer", "nemo_gym.agents.json_answer", "reasoning", "rollout.off_policy",
+                  "rewards.format"):
+        assert f"stages.rl.{field}: NeMo RL cannot train this as ours does" in text, field
+    assert "nemo_gym.agents.uppercase" not in text  # the world writes json_answer format rows only
+    assert "recipes/tiny.yaml:173" in text and "recipes/tiny.yaml:178" in text  # rollout, rewards
+    assert "stages.rl.engine: the rl stage cannot launch" not in text
+    only_gym = problems(*RL_ON_NEMO_RL[:2], *RL_ON_NEMO_RL[3:])
+    assert "give a Gym agent for it" in only_gym and "stages.rl.reasoning" not in only_gym
+    no_checkout = problems(*RL_ON_NEMO_RL[:1], "stages.rl.launch={env: {venv: /opt/nemo-rl/.venv}}", *RL_ON_NEMO_RL[2:])
+    assert "stages.rl.launch.env.workdir: set it to NeMo RL's checkout" in no_checkout
+
+
+def test_distillation_on_nemo_rl_needs_a_node_per_teacher_besides_the_student():
+    base = ["stages.distill.engine=nemo_rl", f"stages.distill.nemo_gym={GYM}", "stages.distill.reasoning=true",
+            "stages.distill.rollout.off_policy=true"]
+    text = problems(*base, f"stages.distill.launch={NEMO_RL}")
+    assert "stages.distill.launch.nodes: NeMo RL cannot run this: 2 teacher(s) x 1 node(s) leave no node of 1" in text
+    slurm = "{env: {image: nvcr.io/nvidia/nemo-rl:v0.6.0}, scheduler: slurm, nodes: 3, gpus_per_node: 8}"
+    assert load_recipe(TINY, [*base, f"stages.distill.launch={slurm}"]).recipe.stages.distill.engine == "nemo_rl"
+    sync = problems(*base[:-1], f"stages.distill.launch={slurm}")
+    assert "stages.distill.rollout.off_policy: NeMo RL cannot train this as ours does" in sync
 
 
 MEGATRON_LC = ["stages.long_context.engine=megatron", f"stages.long_context.launch={VENV}"]
@@ -115,16 +146,20 @@ def test_bad_launch_fields_are_named():
     assert "stages.pretrain.engine" in problems("stages.pretrain.engine=jax")
 
 
-def test_run_refuses_an_untranslatable_sft_block_before_any_work(tmp_path):
+@pytest.mark.parametrize("stage,engine,launch,named", [
+    ("sft", "megatron", VENV, "stages.sft.stages[1].normalization"),
+    ("rl", "nemo_rl", NEMO_RL, "stages.rl.rewards.format"),
+])
+def test_run_refuses_an_untranslatable_block_before_any_work(tmp_path, stage, engine, launch, named):
     from typer.testing import CliRunner
 
     from flows.cli import app
 
-    result = CliRunner().invoke(app, ["run", str(TINY), "--stages", "sft", "--set", f"workdir={tmp_path / 'work'}",
-                                      *[a for s in ("stages.sft.engine=megatron", f"stages.sft.launch={VENV}")
+    result = CliRunner().invoke(app, ["run", str(TINY), "--stages", stage, "--set", f"workdir={tmp_path / 'work'}",
+                                      *[a for s in (f"stages.{stage}.engine={engine}", f"stages.{stage}.launch={launch}")
                                         for a in ("--set", s)]])
     assert result.exit_code == 2, result.output
-    assert "stages.sft.stages[1].normalization" in " ".join(result.output.split())
+    assert named in " ".join(result.output.split())
     assert not (tmp_path / "work").exists()  # nothing started
 
 

@@ -18,11 +18,12 @@ arguments and do the smallest true thing with them.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
+
+from tests.flows.fake_engines import common
+from tests.flows.fake_engines.common import PYTHON, fake_venv, write_checkout
 
 RUN_RECIPE = '''
 import json, os, sys
@@ -107,43 +108,17 @@ print("exported to", out, flush=True)
 def make_fake_megatron(root: Path) -> tuple[Path, Path]:
     """(venv, checkout): a venv whose python imports a `megatron.bridge` and has torchrun, and a
     Megatron-Bridge checkout with the two entry scripts."""
-    venv, checkout, site = root / "venv", root / "Megatron-Bridge", root / "site"
-    (site / "megatron" / "bridge").mkdir(parents=True)
-    (site / "megatron" / "__init__.py").write_text("")
-    (site / "megatron" / "bridge" / "__init__.py").write_text("")
-    (venv / "bin").mkdir(parents=True)
-    real = Path(sys.executable)
-    for name, target in (("python", f'"{real}"'), ("torchrun", f'"{real}" -m torch.distributed.run')):
-        tool = venv / "bin" / name
-        tool.write_text(textwrap.dedent(f"""\
-            #!/bin/sh
-            export PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"
-            exec {target} "$@"
-            """))
-        tool.chmod(0o755)
-    for rel, text in (("scripts/training/run_recipe.py", RUN_RECIPE),
-                      ("scripts/conversion/run_conversion.py", RUN_CONVERSION)):
-        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
-        (checkout / rel).write_text(text)
+    venv = fake_venv(root, ["megatron.bridge"], {"python": PYTHON, "torchrun": f"{PYTHON} -m torch.distributed.run"})
+    checkout = write_checkout(root / "Megatron-Bridge", {"scripts/training/run_recipe.py": RUN_RECIPE,
+                                                         "scripts/conversion/run_conversion.py": RUN_CONVERSION})
     return venv, checkout
-
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 def run_stagewise(recipe: Path, stages: str, launched: list[str], fake: tuple[Path, Path], sets: list[str],
                   env: dict | None = None) -> subprocess.CompletedProcess:
-    """`stagewise run RECIPE --stages STAGES --json` with each of `launched` on `engine: megatron`,
-    launched on the stand-in (`fake`: make_fake_megatron's venv and checkout) over 2 "GPUs"."""
-    venv, checkout = fake
-    launch = f"{{env: {{venv: {venv}, workdir: {checkout}}}, gpus_per_node: 2}}"
-    sets = [s for name in launched for s in (f"stages.{name}.engine=megatron", f"stages.{name}.launch={launch}")] + sets
-    cmd = [sys.executable, "-m", "flows.cli", "run", str(recipe), "--stages", stages, "--json"]
-    cmd += [a for s in sets for a in ("--set", s)]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "CI": "1", **(env or {})})
+    """`stagewise run` with each of `launched` on `engine: megatron`, on the stand-in (common.run_stagewise)."""
+    return common.run_stagewise(recipe, stages, launched, "megatron", fake, sets, env)
 
 
 if __name__ == "__main__":
     print(*make_fake_megatron(Path(sys.argv[1])))
-    os.sys.exit(0)

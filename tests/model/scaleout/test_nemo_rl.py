@@ -9,6 +9,8 @@ named beside it. Nothing here is computed by the code under test.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -608,7 +610,7 @@ def test_ordered_rows_are_our_engines_batches_in_step_order(tmp_path):
     rows, by_domain = _rows(40)
     kw = dict(ratios={"arith": 3.0, "format": 1.0}, batch_size=8, total_steps=6, curriculum=CurriculumConfig(),
               seed=7)
-    out = nemo_rl.ordered_rows(rows, by_domain, agent_of=lambda r: f"{r.domain}_agent", **kw)
+    out = nemo_rl.ordered_rows(rows, by_domain, agent_of=lambda pid: f"{rows[pid].domain}_agent", **kw)
     assert len(out) == 6 * 8
     sampler = CurriculumSampler(by_domain, kw["ratios"], 8, 6, CurriculumConfig(), 7)  # what flows/rl.py trains on
     assert [str(r.id) for r in out] == [i for s in range(1, 7) for i in sampler.sample(s, 0)]
@@ -645,3 +647,68 @@ def test_micro_batch_divides_the_step():
     stage = nanov3_stage(micro_batch=48)  # 2048 rows per step: gcd 16, as our engine trains
     got = flat(nanov3_config(stage))
     assert got["policy.train_micro_batch_size"] == 16
+
+
+def test_spare_batches_follow_the_steps_as_refills_of_the_last():
+    rows, by_domain = _rows(40)
+    kw = dict(ratios={"arith": 1.0, "format": 1.0}, batch_size=4, total_steps=3, curriculum=CurriculumConfig(), seed=2)
+    plain = nemo_rl.ordered_rows(rows, by_domain, **kw)
+    spared = nemo_rl.ordered_rows(rows, by_domain, spare_batches=2, **kw)
+    sampler = CurriculumSampler(by_domain, kw["ratios"], 4, 3, CurriculumConfig(), 2)
+    assert [str(r.id) for r in spared[:12]] == [str(r.id) for r in plain]  # the steps' own rows first, unchanged
+    assert [str(r.id) for r in spared[12:]] == sampler.sample(3, 1) + sampler.sample(3, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# rollout.minibatches: k optimizer updates per rollout step
+
+
+def test_minibatches_are_updates_per_rollout_step():
+    """grpo.py trains size // train_global_batch_size global batches per train() call, one
+    optimizer step each (megatron_policy_worker.py train), and ticks the scheduler once per call."""
+    one = flat(nanov3_config(nanov3_stage(steps=100, schedule=ScheduleConfig(kind="constant"),
+                                          checkpoint_every_steps=10)))
+    stage = nanov3_stage(steps=100, micro_batch=4096, checkpoint_every_steps=10, schedule=ScheduleConfig(kind="constant"),
+                         rollout=RolloutSettings(group_size=16, max_new_tokens=NEW, off_policy=False, minibatches=4))
+    got = flat(nanov3_config(stage))
+    assert (one["grpo.max_num_steps"], one["policy.train_global_batch_size"]) == (100, 2048)
+    assert got["grpo.max_num_steps"] == 25  # 100 optimizer steps = 25 rollout steps of 4 updates
+    assert got["grpo.num_prompts_per_step"] * got["grpo.num_generations_per_prompt"] == 2048
+    assert got["policy.train_global_batch_size"] == 512 and got["policy.train_micro_batch_size"] == 512
+    assert got["checkpointing.save_period"] == 2 and one["checkpointing.save_period"] == 10  # every 10 updates ~ 2 steps
+    assert "rollout.minibatches" not in [f for f, _ in nemo_rl.unsupported(stage)]
+    cosine = stage.model_copy(update={"schedule": ScheduleConfig(kind="cosine")})
+    assert flat(nanov3_config(cosine))["policy.megatron_cfg.scheduler.lr_decay_iters"] == 25  # rollout steps
+
+
+def test_minibatches_nemo_rl_cannot_follow_are_named():
+    ro = RolloutSettings(group_size=3, max_new_tokens=8, off_policy=False, minibatches=2)
+    uneven = RLStage(data=DATA, steps=4, prompts_per_step=3, reasoning=True, rollout=ro)  # 9 rows in 2 parts
+    (why,) = [w for f, w in nemo_rl.unsupported(uneven) if f == "rollout.minibatches"]
+    assert "9 rows per rollout step do not split into 2" in why
+    warm = RLStage(data=DATA, steps=4, prompts_per_step=4, reasoning=True, schedule=ScheduleConfig(warmup_tokens=64),
+                   rollout=ro.model_copy(update={"group_size": 4}))
+    (why,) = [w for f, w in nemo_rl.unsupported(warm) if f == "rollout.minibatches"]
+    assert "once per rollout step" in why
+
+
+# ---------------------------------------------------------------------------------------------
+# the export: NeMo RL's own converters on its checkpoint layout
+
+
+def test_export_converts_the_last_save_with_nemo_rls_converter():
+    """examples/converters/convert_megatron_to_hf.py --config --megatron-ckpt-path --hf-ckpt-path, on
+    step_<n>/policy/weights/iter_0000000 (docs/design-docs/checkpointing.md); the DTensor policy's
+    convert_dcp_to_hf.py on step_<n>/policy/weights."""
+    cfg = nanov3_config()
+    step = "/runs/rl/checkpoints/step_1000000"
+    assert nemo_rl.last_checkpoint(cfg) == Path(step)
+    assert nemo_rl.export_argv(cfg, "/runs/rl/hf", image=True) == [
+        "uv", "run", "--extra", "mcore", "python", "examples/converters/convert_megatron_to_hf.py",
+        "--config", f"{step}/config.yaml", "--megatron-ckpt-path", f"{step}/policy/weights/iter_0000000",
+        "--hf-ckpt-path", "/runs/rl/hf"]
+    assert nemo_rl.export_argv(cfg, "/hf", image=False)[:2] == ["python", "examples/converters/convert_megatron_to_hf.py"]
+    dtensor = {**cfg, "policy": {**cfg["policy"], "megatron_cfg": {"enabled": False}, "dtensor_cfg": {"enabled": True}}}
+    assert nemo_rl.export_argv(dtensor, "/hf", image=True) == [
+        "python", "examples/converters/convert_dcp_to_hf.py", "--config", f"{step}/config.yaml",
+        "--dcp-ckpt-path", f"{step}/policy/weights", "--hf-ckpt-path", "/hf"]
