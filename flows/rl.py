@@ -216,6 +216,8 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     for i in kept:
         by_domain.setdefault(wiring.prompts[i].domain, []).append((i, rates[i]))
     ratios = cfg.domains or {d: 1.0 for d in sorted(by_domain)}
+    if block.only_domains is not None:  # a teacher trained on some domains keeps their shares only
+        ratios = {d: w for d, w in ratios.items() if d in block.only_domains} or {d: 1.0 for d in sorted(by_domain)}
     if cfg.engine == "nemo_rl":
         ckpt = _on_nemo_rl(ctx, block, start_from, train_rows, wiring, by_domain, ratios, out_dir, run_id)
         policy.load_state_dict(load_weights(ckpt.path, ctx.runtime.device))

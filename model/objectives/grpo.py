@@ -64,11 +64,20 @@ class RolloutBatch(dict):
         return tuple(RolloutBatch({k: parts[k][i] for k in parts}) for i in range(len(parts["input_ids"])))
 
     def parts(self, k: int) -> list["RolloutBatch"]:
-        """k consecutive parts of (nearly) equal rows, in order: one optimizer step each when a rollout
-        batch is reused (RolloutSettings.minibatches). Each part is its own global batch, so its
-        loss is normalised by its own response tokens."""
-        pieces = {key: v.tensor_split(k) for key, v in self.items()}
-        return [RolloutBatch({key: pieces[key][i] for key in pieces}) for i in range(k)]
+        """k parts of (nearly) equal rows, shortest rows first: one optimizer step each when a rollout
+        batch is reused (RolloutSettings.minibatches). Each part is its own global batch (its loss
+        normalised by its own response tokens) and is cut to its longest row, so a part of short
+        prompts does not pay for the padding of long ones (right padding: the cut columns are
+        targets no row supervises, and a causal model's earlier positions do not see them)."""
+        used = self["response_mask"].gt(0).flip(1).float().argmax(1)  # trailing unsupervised targets per row
+        width = self["response_mask"].shape[1] - used  # targets up to the last response token
+        order = torch.sort(width, stable=True).indices
+        parts = []
+        for rows in order.tensor_split(k):
+            w = int(width[rows].max()) if len(rows) else 1
+            parts.append(RolloutBatch({key: v[rows][:, :w + 1] if key == "input_ids"
+                                       else v[rows] if v.dim() == 1 else v[rows][:, :w] for key, v in self.items()}))
+        return parts
 
     @property
     def device(self) -> torch.device:

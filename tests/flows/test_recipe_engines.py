@@ -36,6 +36,11 @@ RL_ON_NEMO_RL = ["stages.rl.engine=nemo_rl", f"stages.rl.launch={NEMO_RL}", f"st
                  "stages.rl.reasoning=true", "stages.rl.rollout.off_policy=false", "stages.rl.rewards={accuracy: 1.0}"]
 
 
+def line_of(prefix: str) -> int:
+    """The 1-based line of the shipped recipe that starts with `prefix` (the first one)."""
+    return next(i for i, line in enumerate(TINY.read_text().splitlines(), 1) if line.startswith(prefix))
+
+
 def test_an_rl_block_nemo_rl_can_express_validates():
     r = load_recipe(TINY, [*RL_ON_NEMO_RL, "stages.rl.rollout.minibatches=2"]).recipe
     assert r.stages.rl.engine == "nemo_rl" and r.stages.rl.nemo_gym.agents["exact_answer"]
@@ -47,7 +52,8 @@ def test_the_demo_rl_block_is_refused_on_nemo_rl_naming_each_field_at_its_line()
                   "rewards.format"):
         assert f"stages.rl.{field}: NeMo RL cannot train this as ours does" in text, field
     assert "nemo_gym.agents.uppercase" not in text  # the world writes json_answer format rows only
-    assert "recipes/tiny.yaml:173" in text and "recipes/tiny.yaml:178" in text  # rollout, rewards
+    assert f"recipes/tiny.yaml:{line_of('    rollout: {group_size')}" in text
+    assert f"recipes/tiny.yaml:{line_of('    rewards: {accuracy')}" in text
     assert "stages.rl.engine: the rl stage cannot launch" not in text
     only_gym = problems(*RL_ON_NEMO_RL[:2], *RL_ON_NEMO_RL[3:])
     assert "give a Gym agent for it" in only_gym and "stages.rl.reasoning" not in only_gym
@@ -80,7 +86,7 @@ def test_long_context_and_sft_on_megatron_validate_once_megatron_bridge_can_take
 def test_a_long_context_length_mix_is_refused_at_its_line():
     text = problems(*MEGATRON_LC)  # tiny mixes 2048, 1024 and 256
     assert "stages.long_context.data.lengths: Megatron-Bridge trains one sequence length per run" in text
-    assert "recipes/tiny.yaml:83" in text
+    assert f"recipes/tiny.yaml:{line_of('      lengths:')}" in text
 
 
 def test_each_sft_sub_stage_is_translated_and_its_refusals_named():

@@ -123,9 +123,25 @@ def test_a_rollout_batch_is_split_into_minibatch_steps(model_factory, off_policy
     whole = make_batches(model_factory(pattern="M*-"), off_policy=off_policy, max_refills=0).next_batch()
     first, second = batches.next_batch(), batches.next_batch()
     assert (batches.step, batches.rollout) == (2, 1) and generator.calls == 1  # one rollout, two steps
-    assert torch.equal(torch.cat([first["input_ids"], second["input_ids"]]), whole["input_ids"])
-    assert torch.equal(torch.cat([first["advantages"], second["advantages"]]), whole["advantages"])
+    # every row once, shortest first, each part cut to its longest row (only padding is cut)
     assert abs(len(first["input_ids"]) - len(second["input_ids"])) <= 1
+    assert first["input_ids"].shape[1] <= second["input_ids"].shape[1] <= whole["input_ids"].shape[1]
+    seen = []
+    for part in (first, second):
+        w = part["input_ids"].shape[1]
+        assert part["response_mask"][:, -1].sum() > 0  # the longest row's last target is a response token
+        for ids, mask, adv in zip(part["input_ids"], part["response_mask"], part["advantages"]):
+            row = next(i for i in range(len(whole["input_ids"])) if i not in seen
+                       and torch.equal(whole["input_ids"][i, :w], ids) and whole["advantages"][i] == adv
+                       and torch.equal(whole["response_mask"][i, :w - 1], mask)
+                       and whole["response_mask"][i, w - 1:].sum() == 0)
+            seen.append(row)
+    assert sorted(seen) == list(range(len(whole["input_ids"])))
+    with torch.no_grad():  # the cut columns change nothing the loss reads
+        cut, _ = token_logprobs(model, first["input_ids"], 1.0)
+        full, _ = token_logprobs(model, whole["input_ids"][seen[:len(first["input_ids"])]], 1.0)
+    mask = first["response_mask"].bool()
+    assert torch.allclose(cut[mask], full[:, :cut.shape[1]][mask], atol=1e-5)
     for part in (first, second):  # ratio against the sampling policy, so the second step's is clipped
         assert torch.equal(part["old_logprobs"], part["rollout_logprobs"])
         assert part.metrics["rl/reward/accuracy"] == whole.metrics["rl/reward/accuracy"]
