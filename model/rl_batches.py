@@ -117,8 +117,8 @@ class RolloutSettings(SamplingSettings):
     max_refills: int = Field(2, ge=0)
     """How many extra draws a step may make to reach min_groups."""
     minibatches: int = Field(1, ge=1)
-    """Optimizer steps per rollout batch: its rows are split into this many parts in order, each
-    one update (PPO-style reuse of the rollouts). The later parts are off-policy by the earlier
+    """Optimizer steps per rollout batch: its rows are split into this many parts (shortest rows
+    first, padding cut), each one update (PPO-style reuse of the rollouts). The later parts are off-policy by the earlier
     updates, so π_old is the sampling policy's log-probabilities (recomputed with
     `recompute_old_logprobs`, else the sampler's own) and ρ = π_θ/π_old is clipped."""
 
