@@ -220,7 +220,9 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
         ratios = {d: w for d, w in ratios.items() if d in block.only_domains} or {d: 1.0 for d in sorted(by_domain)}
     if cfg.engine == "nemo_rl":
         ckpt = _on_nemo_rl(ctx, block, start_from, train_rows, wiring, by_domain, ratios, out_dir, run_id)
-        policy.load_state_dict(load_weights(ckpt.path, ctx.runtime.device))
+        from model.checkpoint import load_weights_into
+
+        load_weights_into(policy, ckpt.path)  # the adopted export, into the policy the evaluation samples with
         trained_tokens = ckpt.tokens_seen
     else:
         ckpt, trained_tokens = _on_torch(ctx, block, start_from, wiring, policy, generator, pad_id, by_domain, ratios,
@@ -237,14 +239,6 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
                          metrics={**after, **{f"base/{k}": v for k, v in before.items()}, **deltas},
                          stage_dir=str(out_dir), summary=summary)
     return finish(ctx, out_dir, result, {**after, **deltas}, at=(ckpt.step, ckpt.tokens_seen))
-
-
-def load_weights(path: str, device) -> dict:
-    """A checkpoint's weights as a state dict (a launched engine's adopted export, into the policy
-    the stage's evaluation samples with)."""
-    from model.build import load_model
-
-    return load_model(path, device=device).state_dict()
 
 
 def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, policy, generator, pad_id: int,
