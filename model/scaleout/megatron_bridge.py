@@ -42,6 +42,7 @@ from model.config import LoRAConfig, ModelConfig, TrainConfig
 from model.presets import preset_about, preset_kwargs, preset_names
 from model.schedules import decay_tokens
 from model.scaleout.config import LaunchConfig
+from model.scaleout.hydra_overrides import hydra_value, override_args
 
 UPSTREAM_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
 """The Megatron-Bridge commit whose recipes, scripts and config field names this module follows."""
@@ -216,32 +217,6 @@ def pick_recipe(preset: str, mode: Mode, seq_length: int) -> UpstreamRecipe:
     return next((r for r in options if r.seq_length >= seq_length), options[-1])
 
 
-# ---------------------------------------------------------------------------------------------
-# values
-
-
-def hydra_value(value: Any) -> str:
-    """A Python value as a Hydra override value (what run_recipe.py parses): strings JSON-quoted
-    (run_recipe.py quotes its own convenience options the same way), lists `[a,b]`, dicts `{k:v}`."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"not a finite number: {value}")
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"no Hydra form for {type(value).__name__}: {value!r}")
-
-
 @dataclass(frozen=True)
 class MLflowTarget:
     """The MLflow run the Megatron-Bridge ranks log into: the stage's own run, resumed.
@@ -339,7 +314,7 @@ class MegatronPlan:
 
     def override_args(self) -> list[str]:
         """`key=value` arguments in order (later ones win in run_recipe.py)."""
-        return [f"{k}={hydra_value(v)}" for k, v in self.overrides.items()]
+        return override_args(self.overrides)
 
     def argv(self) -> list[str]:
         """One rank's entry: `python scripts/training/run_recipe.py --recipe ... key=value ...`
@@ -598,6 +573,10 @@ def chat_jsonl_overrides(dataset_root: str | os.PathLike) -> dict[str, Any]:
     dict cannot be assigned over the existing dataclass node (the new `_target_` key is refused),
     and run_recipe.py rejects a bare `~key` deletion (every override must hold `=`), so the node is
     first set to null and then appended with `+` (omegaconf_utils then instantiates the `_target_`).
+    Checked by running this text through Megatron-Bridge's own omegaconf_utils (hydra-core 1.3.2,
+    OmegaConf 2.3) on a node of local-jsonl's shape: the result is ChatSFTPreprocessingConfig
+    (loss_mode assistant); a plain assignment is refused, and `+` alone merges into the
+    prompt/completion config and silently keeps it.
     Validation and test splits are off: the stage evaluates the exported checkpoint itself, and
     with them on the builder would look for validation.jsonl."""
     return {"dataset.dataset_root": os.path.abspath(os.fspath(dataset_root)),

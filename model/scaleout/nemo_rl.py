@@ -48,6 +48,7 @@ import yaml
 from data.rl_rows import RLRow, write_rows
 from data.rl_sampler import CurriculumSampler
 from model.scaleout.config import LaunchConfig, Parallelism
+from model.scaleout.hydra_overrides import override_args
 
 if TYPE_CHECKING:  # annotations only: the translation needs no torch
     from data.rl_curriculum import CurriculumConfig
@@ -533,9 +534,9 @@ def write_config(config: Mapping[str, Any], path: str | os.PathLike) -> Path:
 def argv(config_path: str | os.PathLike, overrides: Mapping[str, Any] | Sequence[str] = ()) -> list[str]:
     """The entry: `python examples/nemo_gym/run_grpo_nemo_gym.py --config FILE k=v ...`, run in NeMo
     RL's checkout (launch.env.workdir). Overrides are Hydra `key=value` strings, or a mapping written
-    as such (None as null, booleans lower-case)."""
+    as such (hydra_overrides.override_args)."""
     if isinstance(overrides, Mapping):
-        overrides = [f"{k}={_hydra_value(v)}" for k, v in overrides.items()]
+        overrides = override_args(overrides)
     return ["python", ENTRY, "--config", str(config_path), *overrides]
 
 
@@ -562,14 +563,6 @@ def export_argv(config: Mapping[str, Any], hf_dir: str | os.PathLike, *, image: 
                 "--megatron-ckpt-path", str(weights / MEGATRON_ITERATION), "--hf-ckpt-path", str(hf_dir)]
     return ["python", DCP_CONVERTER, "--config", str(step / "config.yaml"), "--dcp-ckpt-path", str(weights),
             "--hf-ckpt-path", str(hf_dir)]
-
-
-def _hydra_value(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
 
 
 __all__ = ["AGENT_TYPE", "BASE_CONFIG", "DCP_CONVERTER", "DEFAULT_ROOT", "ENTRY", "GYM_POLICY_SERVER",

@@ -35,7 +35,7 @@ for a in rest:
     if a.startswith("-") or "=" not in a:
         print(f"run_recipe.py: error: Expected override in KEY=VALUE form, got {a!r}", file=sys.stderr, flush=True)
         sys.exit(2)
-opts = {k: json.loads(v) if v.startswith('"') else v  # Hydra strings are JSON-quoted
+opts = {k: json.loads(v) if v.startswith('"') else v  # our paths: double-quoted, no escapes (model/scaleout/hydra_overrides.py)
         for k, v in (a.split("=", 1) for a in rest)}
 rank = int(os.environ.get("RANK", "0"))
 print(f"rank {rank}: recipe {args[args.index('--recipe') + 1]} mode {args[args.index('--mode') + 1]}", flush=True)

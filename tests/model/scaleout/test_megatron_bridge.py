@@ -25,7 +25,6 @@ from model.scaleout.megatron_bridge import (
     MLflowTarget,
     chat_jsonl_overrides,
     export_argv,
-    hydra_value,
     import_argv,
     imported_checkpoint,
     long_context_train_config,
@@ -439,12 +438,3 @@ def test_checkpoints_cross_through_the_hf_bridge():
         "python", "examples/peft/merge_lora.py", "--lora-checkpoint", "/runs/r/megatron/ckpt/iter_0000100",
         "--hf-model-path", "/runs/r/pretrain/final", "--output", "/runs/r/sft/final",
         "--pretrained", "/runs/r/megatron/import/iter_0000000", "--cpu"]
-
-
-def test_hydra_values():
-    assert [hydra_value(v) for v in (None, True, 3, 5e-06, 0.0, "a/b c", [["x"], None])] == [
-        "null", "true", "3", "5e-06", "0.0", '"a/b c"', '[["x"],null]']
-    assert hydra_value({"packed_sequence_size": 2048, "pad_seq_to_mult": 1}) == \
-        "{packed_sequence_size:2048,pad_seq_to_mult:1}"
-    with pytest.raises(ValueError):
-        hydra_value(float("nan"))
