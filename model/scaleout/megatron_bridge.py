@@ -9,7 +9,7 @@ it is imported here. What this module builds is plain data:
   `python scripts/training/run_recipe.py --recipe NAME --mode MODE [--dataset D] key=value ...`,
   which is what upstream's train.sh ends up running in each rank (train.sh only wraps it in
   NeMo-Run; our launcher starts the ranks itself). Overrides are Hydra values (run_recipe.py applies
-  them with Hydra's override parser), rendered by `hydra_value`.
+  them with Hydra's override parser), rendered by model/scaleout/hydra_overrides.py.
 - the conversion argvs: HF -> Megatron before the stage (`import_argv`), Megatron -> HF after it
   (`export_argv`, or the LoRA merge for adapter runs), so every stage still hands on an HF-format
   checkpoint whatever engine trained it.
@@ -42,7 +42,7 @@ from model.config import LoRAConfig, ModelConfig, TrainConfig
 from model.presets import preset_about, preset_kwargs, preset_names
 from model.schedules import decay_tokens
 from model.scaleout.config import LaunchConfig
-from model.scaleout.hydra_overrides import hydra_value, override_args
+from model.scaleout.hydra_overrides import override_args
 
 UPSTREAM_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
 """The Megatron-Bridge commit whose recipes, scripts and config field names this module follows."""
