@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.curate.dedup import near_duplicates  # noqa: E402
-from data.curate.minhash import optimal_bands  # noqa: E402
-from data.curate.text import normalise, words  # noqa: E402
-from data.world.facts import make_entities, render_entity  # noqa: E402
-from data.world.retrieval import make_retrieval, render_retrieval  # noqa: E402
+from stagewise.data.curate.dedup import near_duplicates  # noqa: E402
+from stagewise.data.curate.minhash import optimal_bands  # noqa: E402
+from stagewise.data.curate.text import normalise, words  # noqa: E402
+from stagewise.data.world.facts import make_entities, render_entity  # noqa: E402
+from stagewise.data.world.retrieval import make_retrieval, render_retrieval  # noqa: E402
 
 THRESHOLD, NUM_PERM, SHINGLE = 0.8, 128, 5
 

@@ -101,7 +101,7 @@ def parse_megatron_log(text: str, global_batch: int, seq_length: int, peak_tflop
 
 def gpu_peak_tflops(name: str) -> float | None:
     """The dense bf16 peak of a GPU by name, in TFLOP/s (model/mfu.py's table); None when unknown."""
-    from model.mfu import GPU_PEAK_BF16
+    from stagewise.model.mfu import GPU_PEAK_BF16
 
     return next((peak / 1e12 for key, peak in GPU_PEAK_BF16 if key in name), None)
 
@@ -117,8 +117,8 @@ def _need_cuda():
 
 def kernels_column(device) -> str:
     """Whether Mamba-2 gets the mamba-ssm / causal-conv1d kernels on `device`, with their versions."""
-    from model.packed import kernels_available
-    from model.runtime import mamba_kernels
+    from stagewise.model.packed import kernels_available
+    from stagewise.model.runtime import mamba_kernels
 
     return ("yes: " if kernels_available(device) else "no: ") + mamba_kernels(device.type)
 
@@ -146,10 +146,10 @@ def run_pretrain(args) -> dict[str, Any]:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from model.build import build_model
-    from model.config import ModelConfig, TrainConfig
-    from model.engine import Trainer
-    from model.objectives import LMObjective
+    from stagewise.model.build import build_model
+    from stagewise.model.config import ModelConfig, TrainConfig
+    from stagewise.model.engine import Trainer
+    from stagewise.model.objectives import LMObjective
 
     hf_logging.set_verbosity_error()
     steps = args.warmup + args.steps
@@ -183,8 +183,8 @@ def run_vllm(args) -> dict[str, Any]:
     device = _need_cuda()
     import torch
 
-    from model.build import build_model
-    from model.config import ModelConfig
+    from stagewise.model.build import build_model
+    from stagewise.model.config import ModelConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(ModelConfig(preset=args.preset), vocab_size=args.vocab, seed=0)

@@ -47,9 +47,9 @@ def build_inputs(workdir: Path, n: int, preset: str) -> list[Path]:
     """n checkpoints of `preset` with seeds 0..n-1, saved as the trainer saves them (reused when there)."""
     from transformers.utils import logging as hf_logging
 
-    from model.build import build_model
-    from model.checkpoint import CheckpointMeta, save_checkpoint
-    from model.config import ModelConfig
+    from stagewise.model.build import build_model
+    from stagewise.model.checkpoint import CheckpointMeta, save_checkpoint
+    from stagewise.model.config import ModelConfig
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -83,7 +83,7 @@ def _rss(key: str) -> int:
 
 def _run_method(method: str, paths: list[Path], coeffs: list[float], out: Path) -> None:
     if method in ("stream", "stream_verify"):
-        from model.merge import merge_checkpoints
+        from stagewise.model.merge import merge_checkpoints
 
         merge_checkpoints(paths, coeffs, out, "minus-sqrt", verify_inputs=method == "stream_verify")
     elif method == "naive":
@@ -125,7 +125,7 @@ def worker(method: str, inputs: list[str], out: str, threads: int) -> None:
     from safetensors import safe_open  # noqa: F401
 
     logging.disable(logging.WARNING)
-    from model.merge import merge_coefficients
+    from stagewise.model.merge import merge_coefficients
 
     paths = [Path(p) for p in inputs]
     coeffs = merge_coefficients(len(paths))

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from data.packing import best_fit_decreasing  # noqa: E402
+from stagewise.data.packing import best_fit_decreasing  # noqa: E402
 
 
 def length_mix(n: int, pack_size: int, seed: int = 0) -> list[int]:

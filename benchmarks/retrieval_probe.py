@@ -37,11 +37,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from data.tokenizer import train_bpe  # noqa: E402
-from data.world.retrieval import make_retrieval, retrieval_texts  # noqa: E402
-from eval.needle import build_needle_prompts, needle_accuracy  # noqa: E402
-from model.build import build_model  # noqa: E402
-from model.config import ModelConfig  # noqa: E402
+from stagewise.data.tokenizer import train_bpe  # noqa: E402
+from stagewise.data.world.retrieval import make_retrieval, retrieval_texts  # noqa: E402
+from stagewise.eval.needle import build_needle_prompts, needle_accuracy  # noqa: E402
+from stagewise.model.build import build_model  # noqa: E402
+from stagewise.model.config import ModelConfig  # noqa: E402
 
 
 def retrieval_doc(rng: random.Random, questions: int) -> str:

@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from eval.heldout import round_robin  # noqa: E402
+from stagewise.eval.heldout import round_robin  # noqa: E402
 
 MODES = ("sync", "off-policy", "off-policy-process")
 LABELS = {"sync": "sync", "off-policy": "off-policy", "off-policy-process": "off-policy, process"}
@@ -84,10 +84,10 @@ class Setup:
     def __init__(self, args: argparse.Namespace):
         from transformers import AutoTokenizer
 
-        from data.chat import install_chat_template
-        from eval.rewards import RewardConfig
-        from eval.heldout import end_ids
-        from tasks.rl import RLWiring, load_tasks
+        from stagewise.data.chat import install_chat_template
+        from stagewise.eval.rewards import RewardConfig
+        from stagewise.eval.heldout import end_ids
+        from stagewise.tasks.rl import RLWiring, load_tasks
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(args.checkpoint))
         if not self.tokenizer.chat_template:
@@ -108,8 +108,8 @@ class Setup:
 
 def heldout(generator, setup: Setup, args) -> dict[str, float]:
     """Greedy and pass@1 held-out accuracy over all held-out prompts (each prompt weighs the same)."""
-    from model.rl_batches import pass_rates
-    from tasks.rl import by_domain
+    from stagewise.model.rl_batches import pass_rates
+    from stagewise.tasks.rl import by_domain
 
     if not setup.heldout_ids:
         return {}
@@ -123,8 +123,8 @@ def heldout(generator, setup: Setup, args) -> dict[str, float]:
 
 def run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path) -> dict:
     """One full RL loop (see the module docstring); returns its measurements."""
-    from model.build import load_model
-    from model.rollout import make_generator
+    from stagewise.model.build import load_model
+    from stagewise.model.rollout import make_generator
 
     policy = load_model(args.checkpoint, device=device)
     if mode == "off-policy-process":
@@ -139,11 +139,11 @@ def run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path)
 
 
 def _run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path, policy, generator) -> dict:
-    from data.rl_sampler import CurriculumSampler
-    from model.config import OptimizerConfig, ScheduleConfig, TrainConfig
-    from model.engine import Trainer
-    from model.objectives.grpo import GRPOConfig, GRPOObjective
-    from model.rl_batches import RolloutBatches, RolloutSettings
+    from stagewise.data.rl_sampler import CurriculumSampler
+    from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
+    from stagewise.model.engine import Trainer
+    from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective
+    from stagewise.model.rl_batches import RolloutBatches, RolloutSettings
 
     ratios = {d: 1.0 for d in sorted(setup.by_domain)}
     sampler = CurriculumSampler(setup.by_domain, ratios, args.prompts_per_step, args.steps, None, args.seed)
@@ -195,8 +195,8 @@ def run(args) -> dict:
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     hf_logging.set_verbosity_error()  # the "mamba_ssm is not installed" fallback notice
     setup = Setup(args)
-    from model.build import load_model
-    from model.rollout import make_generator
+    from stagewise.model.build import load_model
+    from stagewise.model.rollout import make_generator
 
     start = make_generator("hf", load_model(args.checkpoint, device=device), setup.end_ids, setup.pad_id,
                            device=device)

@@ -39,11 +39,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from model.config import ModelConfig, TrainConfig  # noqa: E402
-from model.engine import Trainer  # noqa: E402
-from model.objectives import LMObjective  # noqa: E402
-from model.optim import speed_flags  # noqa: E402
-from model.step import autocast, resolve_precision  # noqa: E402
+from stagewise.model.config import ModelConfig, TrainConfig  # noqa: E402
+from stagewise.model.engine import Trainer  # noqa: E402
+from stagewise.model.objectives import LMObjective  # noqa: E402
+from stagewise.model.optim import speed_flags  # noqa: E402
+from stagewise.model.step import autocast, resolve_precision  # noqa: E402
 
 
 class FixedBatches:
@@ -69,7 +69,7 @@ def sync(device: torch.device) -> None:
 
 
 def build(preset: str, vocab: int, device: torch.device) -> torch.nn.Module:
-    from model.build import build_model
+    from stagewise.model.build import build_model
 
     return build_model(ModelConfig(preset=preset), vocab_size=vocab, seed=0, device=device)
 
@@ -116,9 +116,9 @@ def time_engine(trainer: Trainer, stamps: list[float], steps: int) -> list[float
 def loader_rate(seq: int, global_batch: int, vocab: int, workdir: Path, batches: int) -> tuple[float, str]:
     """Tokens/s of PretrainBatches.next_batch on a small prepared dataset (or a fallback)."""
     try:
-        from data.config import DataConfig, PhaseConfig, SourceConfig, TokenizerConfig
-        from data.loader import PretrainBatches
-        from data.prepare import prepare_data
+        from stagewise.data.config import DataConfig, PhaseConfig, SourceConfig, TokenizerConfig
+        from stagewise.data.loader import PretrainBatches
+        from stagewise.data.prepare import prepare_data
     except ImportError:
         return _in_memory_rate(seq, global_batch, vocab, batches), "in-memory array (no data package)"
     rng = np.random.default_rng(0)

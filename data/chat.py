@@ -55,7 +55,7 @@ def install_chat_template(tokenizer: Any) -> Any:
 def load_chat_tokenizer(path: str | Path) -> Any:
     """A tokenizer directory (it must define an eos token), with the chat template installed in
     memory when it carries none: what `data pack` and `data profile` render conversations with."""
-    from data.tokenizer import load_tokenizer
+    from stagewise.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(Path(path))
     return tok if getattr(tok, "chat_template", None) else install_chat_template(tok)

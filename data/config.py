@@ -10,16 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from stagewise.config_base import StrictConfig
 
 WORLD_PREFIX = "@world/"
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
 
-
-class TokenizerConfig(_Config):
+class TokenizerConfig(StrictConfig):
     """The tokenizer: an existing HF tokenizer directory, or a byte-level BPE trained on the sources."""
 
     path: str | None = None
@@ -32,7 +31,7 @@ class TokenizerConfig(_Config):
     """Stop feeding the trainer after this many characters (keeps prepare fast)."""
 
 
-class WorldConfig(_Config):
+class WorldConfig(StrictConfig):
     """The demo world: text made on the spot, deterministically from the recipe's seed."""
 
     stdlib_files: int = Field(200, ge=0)
@@ -47,7 +46,7 @@ class WorldConfig(_Config):
     """Low-quality variants (shuffled words, repetition, junk) so quality tiers mean something."""
 
 
-class SourceConfig(_Config):
+class SourceConfig(StrictConfig):
     """One pretraining source."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -76,7 +75,7 @@ class SourceConfig(_Config):
         return self
 
 
-class DataConfig(_Config):
+class DataConfig(StrictConfig):
     """Where the pretraining text comes from and how it is split."""
 
     sources: list[SourceConfig] = Field(min_length=1)
@@ -97,7 +96,7 @@ class DataConfig(_Config):
         return self
 
 
-class PhaseConfig(_Config):
+class PhaseConfig(StrictConfig):
     """One phase of a curriculum: a blend of sources until a fraction of the stage's tokens."""
 
     name: str

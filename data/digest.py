@@ -16,9 +16,9 @@ from pathlib import Path
 
 import tokenizers
 
-from data.config import DataConfig, SourceConfig, TokenizerConfig
-from data.sources import resolve_path, source_files
-from data.world import WORLD_VERSION
+from stagewise.data.config import DataConfig, SourceConfig, TokenizerConfig
+from stagewise.data.sources import resolve_path, source_files
+from stagewise.data.world import WORLD_VERSION
 
 FORMAT_VERSION = 1
 """Bump when the shard/manifest layout or the way tokenizers and shards are built changes, so
@@ -48,7 +48,7 @@ def source_inputs(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> 
 def tokenizer_inputs(cfg: TokenizerConfig, base_dir: Path) -> dict:
     out: dict = {"config": cfg.model_dump(), "tokenizers": tokenizers.__version__}
     if cfg.path is not None:
-        from data.tokenizer import existing_tokenizer_dir
+        from stagewise.data.tokenizer import existing_tokenizer_dir
 
         root = existing_tokenizer_dir(cfg, base_dir)
         out["files"] = files_digest(sorted(p for p in root.rglob("*") if p.is_file()), root)

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data.config import PhaseConfig, check_phases
-from data.shards import TokenShard
+from stagewise.data.config import PhaseConfig, check_phases
+from stagewise.data.shards import TokenShard
 
 STATE_VERSION = 1
 log = logging.getLogger(__name__)

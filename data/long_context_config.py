@@ -8,14 +8,13 @@ sequences of several lengths, so one long sequence weighs as much as many short 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from stagewise.config_base import StrictConfig
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
 
-
-class LengthShare(_Config):
+class LengthShare(StrictConfig):
     """One sequence length of the mix and its share of the tokens."""
 
     length: int = Field(gt=1)
@@ -24,7 +23,7 @@ class LengthShare(_Config):
     """Relative share of every step's tokens spent on sequences of this length (normalised over the mix)."""
 
 
-class DocQAConfig(_Config):
+class DocQAConfig(StrictConfig):
     """The demo world's document-QA texts (data/world/doc_qa.py)."""
 
     documents: int = Field(2000, ge=1)
@@ -47,7 +46,7 @@ def _default_lengths() -> list[LengthShare]:
     return [LengthShare(length=2048, share=0.4), LengthShare(length=1024, share=0.4), LengthShare(length=256, share=0.2)]
 
 
-class LongContextDataConfig(_Config):
+class LongContextDataConfig(StrictConfig):
     """Batches for long-context continued pretraining (data/long_context.py)."""
 
     lengths: list[LengthShare] = Field(default_factory=_default_lengths, min_length=1)

@@ -19,13 +19,13 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from data.atomic import building
-from data.config import DataConfig, TokenizerConfig, WorldConfig
-from data.digest import FORMAT_VERSION, digest_of, prepare_inputs
-from data.shards import SourceShards, write_source_shards
-from data.sources import iter_texts
-from data.tokenizer import build_tokenizer, load_tokenizer
-from data.world import WORLD_VERSION, generate_world
+from stagewise.data.atomic import building
+from stagewise.data.config import DataConfig, TokenizerConfig, WorldConfig
+from stagewise.data.digest import FORMAT_VERSION, digest_of, prepare_inputs
+from stagewise.data.shards import SourceShards, write_source_shards
+from stagewise.data.sources import iter_texts
+from stagewise.data.tokenizer import build_tokenizer, load_tokenizer
+from stagewise.data.world import WORLD_VERSION, generate_world
 
 MANIFEST = "manifest.json"
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from data.profile import DataProfile
+    from stagewise.data.profile import DataProfile
 
 TOOL_SHARE_MAX = 0.5
 """One tool making more than half of all tool calls: the model mostly learns to call that one

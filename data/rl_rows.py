@@ -31,8 +31,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 
-from data.chat import prompt_key as _conversation_key
-from data.errors import BadInput, read_utf8
+from stagewise.data.chat import prompt_key as _conversation_key
+from stagewise.data.errors import BadInput, read_utf8
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from data.rl_curriculum import CurriculumConfig, largest_remainder, sample_batch
-from data.world._common import rng_for
+from stagewise.data.rl_curriculum import CurriculumConfig, largest_remainder, sample_batch
+from stagewise.data.world._common import rng_for
 
 
 def domain_counts(ratios: dict[str, float], batch_size: int) -> dict[str, int]:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data.curate import CurationError, curate
-from data.sft_config import CurateConfig, SFTBlend, SFTDataSource
+from stagewise.data.curate import CurationError, curate
+from stagewise.data.sft_config import CurateConfig, SFTBlend, SFTDataSource
 
 IM_END = "<|im_end|>"
 """The chat template's end of turn: a chat model's generation stops there."""
@@ -132,7 +132,7 @@ def make_chat_start(src: Path, out: Path) -> None:
     """Fill `out` with checkpoint `src` as a chat model: the same weights (hard-linked when the
     filesystem allows), the chat template installed in its tokenizer, <|im_end|> among
     generation_config's eos ids. `src` itself is never edited."""
-    from data.chat import install_chat_template_dir
+    from stagewise.data.chat import install_chat_template_dir
 
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"SFT start checkpoint {src} is not a checkpoint directory (no config.json)")
@@ -179,9 +179,9 @@ def blend_and_pack(files: Mapping[str, str], domains: Mapping[str, str], blend: 
     {"packing", "blend", "kept_previous", "mixture"}."""
     from transformers import AutoTokenizer
 
-    from data.sft_blend import sample_blend
-    from data.sft_config import PackingConfig
-    from data.sft_data import pack_conversations, save_packed
+    from stagewise.data.sft_blend import sample_blend
+    from stagewise.data.sft_config import PackingConfig
+    from stagewise.data.sft_data import pack_conversations, save_packed
 
     pools: dict[str, list[dict]] = {}
     for name, path in files.items():

@@ -7,14 +7,13 @@ the recipe's JSON schema.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from stagewise.config_base import StrictConfig
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-
-class CurateConfig(_Config):
+class CurateConfig(StrictConfig):
     """Which conversations are kept: structure, repetition, duplicates and length (data/curate/)."""
 
     max_reject_rate: float = Field(0.5, ge=0, le=1)
@@ -56,7 +55,7 @@ class CurateConfig(_Config):
         return self
 
 
-class PackingConfig(_Config):
+class PackingConfig(StrictConfig):
     """How rendered conversations become fixed-size training rows (data/packing.py)."""
 
     pack_size: int = Field(4096, gt=0)
@@ -65,7 +64,7 @@ class PackingConfig(_Config):
     """Never put two conversations with the same prompt into one pack."""
 
 
-class SFTDataSource(_Config):
+class SFTDataSource(StrictConfig):
     """One file of conversations (OpenAI messages format, one JSON object per line)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -83,7 +82,7 @@ class SFTDataSource(_Config):
         return self.domain or self.name
 
 
-class SFTBlend(_Config):
+class SFTBlend(StrictConfig):
     """Which conversations one SFT stage trains on (data/sft_blend.py)."""
 
     weights: dict[str, float]
@@ -105,7 +104,7 @@ class SFTBlend(_Config):
         return self
 
 
-class SFTWorldConfig(_Config):
+class SFTWorldConfig(StrictConfig):
     """The demo world's SFT conversations (data/world/conversations.py), made from the recipe's seed."""
 
     per_domain: int = Field(200, gt=0)
@@ -119,7 +118,7 @@ class SFTWorldConfig(_Config):
     (so the questions are about entities the base model read about), else 3000."""
 
 
-class SFTDataConfig(_Config):
+class SFTDataConfig(StrictConfig):
     """Where an SFT stage's conversations come from and which of them it keeps."""
 
     world: SFTWorldConfig | None = None

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.chat import prompt_key, reasoning_enabled, render
-from data.loader import DataExhausted
-from data.packing import PackReport, best_fit_decreasing, pack_rows, supervised_count
-from data.sft_config import PackingConfig
+from stagewise.data.chat import prompt_key, reasoning_enabled, render
+from stagewise.data.loader import DataExhausted
+from stagewise.data.packing import PackReport, best_fit_decreasing, pack_rows, supervised_count
+from stagewise.data.sft_config import PackingConfig
 
 KEYS = ("input_ids", "labels", "position_ids", "seq_idx")
 

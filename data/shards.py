@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from data.atomic import building
+from stagewise.data.atomic import building
 
 SHARD_FORMAT = 1
 TOKENS, OFFSETS, META = "tokens.bin", "doc_offsets.npy", "meta.json"

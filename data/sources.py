@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from data.config import WORLD_PREFIX, SourceConfig
-from data.errors import BadInput
+from stagewise.data.config import WORLD_PREFIX, SourceConfig
+from stagewise.data.errors import BadInput
 
 log = logging.getLogger(__name__)
 

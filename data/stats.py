@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from data.shards import TokenShard
+from stagewise.data.shards import TokenShard
 
 
 def token_counts(shards: Iterable[np.ndarray], vocab_size: int, chunk: int = 1 << 24) -> np.ndarray:

@@ -15,8 +15,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from data.config import TokenizerConfig
-from data.errors import BadInput
+from stagewise.data.config import TokenizerConfig
+from stagewise.data.errors import BadInput
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
 CHAT_TOKENS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",

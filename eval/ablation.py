@@ -13,7 +13,7 @@ one table: a row per metric, a column per variant, the best of each row marked.
 
 from __future__ import annotations
 
-from eval.plots.kinds import HIGHER_IS_BETTER, metric_kind
+from stagewise.eval.plots.kinds import HIGHER_IS_BETTER, metric_kind
 
 
 def scores(metrics: dict[str, float]) -> dict[str, float]:

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from data.errors import BadInput, read_utf8
-from eval.gates import GateConfig, GateRule, Histories, first_hold
+from stagewise.data.errors import BadInput, read_utf8
+from stagewise.eval.gates import GateConfig, GateRule, Histories, first_hold
 
 # Keys a whole `gate:` block has beyond the rule; a rule file may be a pasted gate block.
 _GATE_ONLY = set(GateConfig.model_fields) - set(GateRule.model_fields)

@@ -50,7 +50,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from stagewise.config_base import StrictConfig
 
 History = list[tuple[int, int, float]]
 """(step, tokens_seen, value) per evaluation, oldest first."""
@@ -60,11 +62,8 @@ Op = Literal[">", ">=", "<", "<=", "=="]
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-
-class Condition(_Config):
+class Condition(StrictConfig):
     """`metric op value`, e.g. eval/world_arithmetic/exact_match >= 0.3."""
 
     metric: str
@@ -77,7 +76,7 @@ class Condition(_Config):
     """Compare against start + value (start: the first value in the stage's history)."""
 
 
-class Guard(_Config):
+class Guard(StrictConfig):
     """A benchmark that must not fall by more than max_drop while the stage trains."""
 
     metric: str
@@ -92,7 +91,7 @@ class Guard(_Config):
     """fail: the stage fails with the evidence; continue: the rule cannot hold while violated."""
 
 
-class GateRule(_Config):
+class GateRule(StrictConfig):
     """When a stage has trained enough: the part of a gate `stagewise cutoffs` re-checks."""
 
     all: list[Condition] = Field(default_factory=list)

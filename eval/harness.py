@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from eval.tasks import TASKS_DIR
+from stagewise.eval.tasks import TASKS_DIR
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ def run_checkpoint(ckpt_dir: str | Path, tasks: list[str], **kwargs: Any) -> Eva
     """Load a checkpoint directory (weights, MTP heads, tokenizer) and run `run_tasks` on it."""
     from transformers import AutoTokenizer
 
-    from model.build import load_model
+    from stagewise.model.build import load_model
 
     device = kwargs.get("device", "cpu")
     model = load_model(ckpt_dir, device=device)

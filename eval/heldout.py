@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from eval.metric_names import ANSWER_SCORES
+from stagewise.eval.metric_names import ANSWER_SCORES
 
 
 def read_conversations(path: str | Path) -> list[dict]:
@@ -164,10 +164,10 @@ def heldout_loss(model: torch.nn.Module, tokenizer: Any, convs: list[dict], pack
                  limit: int | None = None, batch_size: int = 4, device: str = "cpu") -> dict[str, float]:
     """Token-normalised SFT loss over the assistant tokens of `convs` (packed; longer ones dropped;
     with `limit`, that many taken at an even stride through the list)."""
-    from data.sft_config import PackingConfig
-    from data.sft_data import KEYS, pack_conversations
-    from model.objectives.sft import IGNORE
-    from model.packed import causal_lm, packed_hidden
+    from stagewise.data.sft_config import PackingConfig
+    from stagewise.data.sft_data import KEYS, pack_conversations
+    from stagewise.model.objectives.sft import IGNORE
+    from stagewise.model.packed import causal_lm, packed_hidden
 
     if limit and limit < len(convs):  # an even stride keeps every domain of a domain-ordered file
         convs = [convs[i * len(convs) // limit] for i in range(limit)]

@@ -5,7 +5,7 @@
 
 tasks/evaluate.py logs validation loss under VALIDATION_PREFIX and the held-out conversations
 under HELDOUT_PREFIX; eval/validation.py and eval/heldout.py compute the numbers. A gate may name
-any of them, so the recipe doctor (flows/doctor_facts.py) reads the same names from here to tell
+any of them, so the recipe doctor (recipe/doctor/facts.py) reads the same names from here to tell
 a gate metric that no evaluation produces before any training starts. Suite tasks' names
 (`eval/<task>/<metric>`) are eval/harness.py's (`local_metric_names`).
 """

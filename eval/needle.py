@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from eval.validation import validation_loss
+from stagewise.eval.validation import validation_loss
 
 WORDS = ["amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "iris",
          "juniper", "kelp", "lumen", "marble", "nectar", "onyx", "pepper", "quartz", "russet",

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from eval.plots.compare import closing_columns, closing_panels, summary_title
-from eval.plots.kinds import AXIS_LABEL, moved
-from eval.plots.marks import fmt
+from stagewise.eval.plots.compare import closing_columns, closing_panels, summary_title
+from stagewise.eval.plots.kinds import AXIS_LABEL, moved
+from stagewise.eval.plots.marks import fmt
 
 ACTION_COLOUR = {"stop": "tab:red", "continue": "tab:green"}
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from data.rl_rows import RLRow
-from eval.environments import Environment
+from stagewise.data.rl_rows import RLRow
+from stagewise.eval.environments import Environment
 
 KEYS = ("accuracy", "format", "length", "total", "unjudged")
 

@@ -24,14 +24,14 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.runtime import flow_run
 
-from flows.recipe import Recipe, recipe_hash
-from flows.recipe_params import MLFLOW_PARAM_MAX
-from flows.registry import registered
-from flows.stage import StageContext, Upstream
-from model.runtime import Runtime
-from tasks.policy import once, run_logger
-from tasks.refs import StageResult
-from tasks.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker
+from stagewise.recipe import Recipe, recipe_hash
+from stagewise.recipe.params import MLFLOW_PARAM_MAX
+from stagewise.flows.registry import registered
+from stagewise.flows.stage import StageContext, Upstream
+from stagewise.model.runtime import Runtime
+from stagewise.tasks.policy import once, run_logger
+from stagewise.store.refs import StageResult
+from stagewise.store.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker
 
 ABLATION_TAG = "stagewise.ablation"
 VARIANT_TAG = "stagewise.variant"
@@ -75,8 +75,8 @@ def _run_variants(stage: str, recipes: dict[str, Recipe], contexts: dict[str, St
 
 def _report(tracker: Tracker, parent: str, stage: str, results: dict[str, StageResult]) -> dict:
     """The comparison on the ablation's run: JSON, text and chart, and each variant's target metric."""
-    from eval.ablation import compare, render_text
-    from eval.plots import ablation_plot
+    from stagewise.eval.ablation import compare, render_text
+    from stagewise.eval.plots import ablation_plot
 
     summary = next((r.summary for r in results.values() if r.summary is not None), None)
     table = compare({n: r.metrics for n, r in results.items()}, summary.metric if summary else None,
@@ -95,7 +95,7 @@ def ablate_flow(stage: str, recipes: dict[str, Recipe], overrides: dict[str, lis
                 runtime: Runtime, budget: float, start: str | None = None) -> dict:
     """Run `stage` once per variant recipe under one MLflow parent run, then compare the variants."""
     log = run_logger()
-    from flows.pipeline import tracker_for
+    from stagewise.flows.pipeline import tracker_for
 
     first = next(iter(recipes.values()))
     tracker = tracker_for(first, Path(first.workdir).resolve())
@@ -122,7 +122,7 @@ def run_ablation(plan, parallel: int = 1) -> dict:
     """What `stagewise ablate` calls: the runtime checked first, then the flow with `parallel` workers."""
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    from flows.pipeline import runtime_of
+    from stagewise.flows.pipeline import runtime_of
 
     first = plan.loaded[plan.variants[0].name]
     runtime = runtime_of(first)

@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.recipe import LoadedRecipe, Recipe, RecipeError, load_recipe
-from flows.registry import REGISTRY, registered
+from stagewise.recipe import LoadedRecipe, Recipe, RecipeError, load_recipe
+from stagewise.flows.registry import REGISTRY, registered
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 DEFAULT_BUDGET = 0.25
@@ -118,7 +118,7 @@ def ablatable() -> list[str]:
 
 def _check_distill_alone(block) -> None:
     """Distillation names earlier stages' results (`student: sft`, `stage:` teachers): alone, they are not there."""
-    from flows.recipe import STAGE_ORDER
+    from stagewise.recipe import STAGE_ORDER
 
     named = [f"stages.distill.teachers[{i}].stage: {t.stage}" for i, t in enumerate(block.teachers) if t.stage]
     if block.student in STAGE_ORDER:

@@ -1,7 +1,7 @@
 """The pipeline's closing table: one row per stage, its target metric before -> after, tokens,
 wall time and MLflow run id, so a person sees at a glance what each stage bought.
 
-`stagewise run` and `stagewise demo` print it (flows/cli/run.py); `--json` gives the same rows
+`stagewise run` and `stagewise demo` print it (cli/run.py); `--json` gives the same rows
 under "stages". The parent MLflow run keeps it as `reports/closing_table.{json,txt,png}` and
 the one-page report `reports/pipeline_report.{png,html}` (also under `<workdir>/reports/`): the
 rows as a chart, pretraining and long-context loss on one token axis, the gate decisions. A
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.refs import StageResult
-from tasks.tracking import Tracker
+from stagewise.store.refs import StageResult
+from stagewise.store.tracking import Tracker
 
 COLUMNS = ("stage", "metric", "before", "after", "higher_is_better", "tokens", "seconds", "run_id")
 
@@ -61,8 +61,8 @@ CURVE_STAGES = ("pretrain", "long_context")
 def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult], workdir: str | Path) -> list[dict]:
     """Keep the table in the pipeline's MLflow run (JSON rows, text, chart) and the one-page
     report (eval/report.py: PNG + self-contained HTML) there and under `<workdir>/reports/`."""
-    from eval.plots import stage_summary_plot
-    from eval.report import pipeline_report
+    from stagewise.eval.plots import stage_summary_plot
+    from stagewise.eval.report import pipeline_report
 
     rows = closing_rows(results)
     tracker.log_json(run_id, {"stages": rows}, "reports/closing_table.json")

@@ -21,7 +21,7 @@ from typing import Literal, Optional
 
 from prefect import flow
 
-from flows.recipe import LoadedRecipe, available_stages, load_recipe, select_stages
+from stagewise.recipe import LoadedRecipe, available_stages, load_recipe, select_stages
 
 StageName = Literal[tuple(available_stages())]  # type: ignore[valid-type]  # the UI's multi-select
 """The stages this version can run, as the form's choices."""
@@ -41,7 +41,7 @@ def publish_summary(summary: dict) -> None:
     """The closing table and where the results are, as a markdown artifact on the flow run's page."""
     from prefect.artifacts import create_markdown_artifact
 
-    from flows.closing_table import render
+    from stagewise.flows.closing_table import render
 
     create_markdown_artifact(
         key="stagewise-closing-table", description=f"{summary['recipe']}: one row per stage",
@@ -65,9 +65,9 @@ def run_recipe_flow(
     Returns the run's summary (the `stagewise run --json` document); the closing table is also the
     flow run's artifact in the UI.
     """
-    from flows.doctor import diagnose, failing
-    from flows.pipeline import run_pipeline  # the stages (torch) load only once the input is good
-    from tasks.policy import run_logger
+    from stagewise.recipe.doctor import diagnose, failing
+    from stagewise.flows.pipeline import run_pipeline  # the stages (torch) load only once the input is good
+    from stagewise.tasks.policy import run_logger
 
     loaded, chosen = check_request(recipe, stages, overrides)
     logger = run_logger()
@@ -77,7 +77,7 @@ def run_recipe_flow(
         if finding not in errors or force:
             logger.warning("recipe doctor: %s", finding.line())
     if errors and not force:
-        from data.errors import BadInput
+        from stagewise.data.errors import BadInput
 
         raise BadInput([f.line() for f in errors], title="the recipe doctor found errors (run with force to run anyway)")
     logger.info("recipe %s (%s), stages %s, overrides %s, resume %s", loaded.path, loaded.recipe.name,
@@ -108,16 +108,16 @@ def ablate_recipe_flow(
     (overrides and the recipe doctor) before any work; the comparison is the run's artifact in the UI."""
     from prefect.artifacts import create_markdown_artifact
 
-    from eval.ablation import render_text
-    from flows.ablate import run_ablation
-    from flows.ablate_plan import plan_ablation
-    from flows.doctor import diagnose, failing
+    from stagewise.eval.ablation import render_text
+    from stagewise.flows.ablate import run_ablation
+    from stagewise.flows.ablate_plan import plan_ablation
+    from stagewise.recipe.doctor import diagnose, failing
 
     plan = plan_ablation(recipe, stage, list(variants), list(overrides or []), budget, start)
     for v in plan.variants:
         errors = failing(diagnose(plan.loaded[v.name], [stage]))
         if errors:
-            from data.errors import BadInput
+            from stagewise.data.errors import BadInput
 
             raise BadInput([f"--variant {v.name}: {f.line()}" for f in errors], title="the recipe doctor found errors")
     result = run_ablation(plan, parallel)

@@ -21,7 +21,7 @@ every teacher is a content-addressed step: an unchanged recipe reuses them. The 
 `stagewise.teacher.<name>[.round<r>]` name each teacher's checkpoint. The final student is
 registered with the alias `distill`.
 
-With `engine: nemo_rl` each round's training is NeMo RL's MOPD (flows/launched_nemo_rl.py): the
+With `engine: nemo_rl` each round's training is NeMo RL's MOPD (engines/nemo_rl/stage.py): the
 round's prompts in our sampler's order, its teachers by HF directory, NeMo RL's converter, the
 export adopted as the round's checkpoint; teachers and evaluations are the same.
 """
@@ -32,16 +32,16 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
-from flows.distill_schema import DistillStage, TeacherSpec, teacher_rl_block
-from flows.recipe import Recipe
-from flows.rl import (WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows,
+from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec, teacher_rl_block
+from stagewise.recipe import Recipe
+from stagewise.flows.rl import (WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows,
                       steps_train_config)
-from flows.rl_schema import RLData, RLStage, block_spec
-from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
+from stagewise.recipe.blocks.rl import RLData, RLStage, block_spec
+from stagewise.flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
                          stage_run, start_checkpoint)
-from tasks.policy import run_logger
-from tasks.refs import CheckpointRef, StageResult, StageSummary
-from tasks.steps import step_dir, value_of
+from stagewise.tasks.policy import run_logger
+from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
+from stagewise.store.steps import step_dir, value_of
 
 STAGE = "distill"
 TARGET = "distill/heldout/student/pass_at_1/all"
@@ -83,7 +83,7 @@ def student_start(block: DistillInputs, upstream: Upstream, base_dir: str) -> st
     path = Path(named) if Path(named).is_absolute() else Path(base_dir) / named
     if path.is_dir():
         return str(path)
-    from data.errors import BadInput
+    from stagewise.data.errors import BadInput
 
     raise BadInput(f"stages.distill.student: {named!r} is neither a stage that ran before distill in this run "
                    f"nor a checkpoint directory (looked for {path})")
@@ -117,7 +117,7 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
             teachers = {t.name: _teacher(teacher_ctx, block, t, student, upstream, r) for t in cfg.teachers}
             tracker.set_tags(run_id, {f"stagewise.teacher.{n}" + (f".round{r}" if r > 1 else ""): str(p)
                                       for n, p in teachers.items()})  # which checkpoint taught each domain
-            from data.tokenizer_match import check_same_tokenizer
+            from stagewise.data.tokenizer_match import check_same_tokenizer
 
             check_same_tokenizer(student, teachers)
             teacher_scores = evaluator.teachers(teachers, at=r)
@@ -143,7 +143,7 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
 
 def _fixed_teacher(t: TeacherSpec, upstream: Upstream, base_dir: str) -> str:
     """A checkpoint or stage teacher's directory (checked before any work)."""
-    from data.errors import BadInput
+    from stagewise.data.errors import BadInput
 
     if t.stage is not None:
         result = upstream.of(t.stage)
@@ -173,7 +173,7 @@ class _Evaluator:
     """Held-out pass@1 of the student and the teachers, and the eval suite's retention."""
 
     def __init__(self, ctx: StageContext, block: DistillInputs, rows: StageRows, run_id: str):
-        from eval.heldout import round_robin
+        from stagewise.eval.heldout import round_robin
 
         self.ctx, self.block, self.rows, self.run_id = ctx, block, rows, run_id
         domains = {r.domain for r in rows.train}
@@ -186,8 +186,8 @@ class _Evaluator:
         if self.wired is None:
             from transformers import AutoTokenizer
 
-            from data.chat import install_chat_template
-            from tasks.rl import RLWiring
+            from stagewise.data.chat import install_chat_template
+            from stagewise.tasks.rl import RLWiring
 
             self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
             if not self.tokenizer.chat_template:
@@ -197,10 +197,10 @@ class _Evaluator:
         return self.wired
 
     def _score(self, checkpoint: str, ids: list[str], prefix: str, at: int) -> dict[str, float]:
-        from eval.heldout import end_ids
-        from model.build import load_model
-        from model.rollout.hf import HFGenerator
-        from tasks.rl import ScoresCache, heldout_eval_task
+        from stagewise.eval.heldout import end_ids
+        from stagewise.model.build import load_model
+        from stagewise.model.rollout.hf import HFGenerator
+        from stagewise.tasks.rl import ScoresCache, heldout_eval_task
 
         if not ids:
             return {}
@@ -233,7 +233,7 @@ class _Evaluator:
     def retention(self, start: str, final: str, at: int) -> dict[str, float]:
         """The eval suite on the start and on the final student: per-score deltas and whether every
         drop stays within retention_margin (distill/retained)."""
-        from tasks.evaluate import suite_task
+        from stagewise.tasks.evaluate import suite_task
 
         cfg = self.block.stage
         tasks = self.block.suites.get(cfg.eval_suite or "")
@@ -258,7 +258,7 @@ class _Evaluator:
 
 
 def _accuracy_only():
-    from eval.rewards import RewardConfig
+    from stagewise.eval.rewards import RewardConfig
 
     return RewardConfig(accuracy=1.0)
 
@@ -293,7 +293,7 @@ def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teache
     with stage_run(round_ctx, name, {"stagewise.start_checkpoint": student}) as run_id:
         reused = reused_result(round_ctx, name, run_id, out_dir)
         if reused is not None:
-            from model.checkpoint import read_meta
+            from stagewise.model.checkpoint import read_meta
 
             meta = read_meta(reused.checkpoint)
             return CheckpointRef(path=reused.checkpoint, step=meta.step, tokens_seen=meta.tokens_seen,
@@ -310,17 +310,17 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
                  out_dir: Path, run_id: str) -> CheckpointRef:
     from transformers import AutoTokenizer
 
-    from data.chat import install_chat_template
-    from data.errors import BadInput
-    from data.rl_sampler import CurriculumSampler
-    from eval.heldout import end_ids
-    from model.build import load_model
-    from model.distill_batches import DistillBatches
-    from model.engine import Trainer
-    from model.objectives.grpo import GRPOObjective
-    from model.rollout import make_generator
-    from model.teachers import TeacherRouter, make_teacher
-    from tasks.rl import RLWiring, rl_metric_log, rl_train_task
+    from stagewise.data.chat import install_chat_template
+    from stagewise.data.errors import BadInput
+    from stagewise.data.rl_sampler import CurriculumSampler
+    from stagewise.eval.heldout import end_ids
+    from stagewise.model.build import load_model
+    from stagewise.model.distill_batches import DistillBatches
+    from stagewise.model.engine import Trainer
+    from stagewise.model.objectives.grpo import GRPOObjective
+    from stagewise.model.rollout import make_generator
+    from stagewise.model.teachers import TeacherRouter, make_teacher
+    from stagewise.tasks.rl import RLWiring, rl_metric_log, rl_train_task
 
     cfg, device = block.stage, ctx.runtime.device
     refused = backend_problem(cfg.backend, str(device))
@@ -360,7 +360,7 @@ def _routes(cfg: DistillStage, rows: StageRows) -> dict[str, str]:
     routes = cfg.routes()
     unrouted = sorted({r.domain for r in rows.train} - set(routes))
     if unrouted and cfg.default_teacher is None:
-        from data.errors import BadInput
+        from stagewise.data.errors import BadInput
 
         raise BadInput(f"stages.distill.teachers: no teacher covers domain(s) {', '.join(unrouted)} "
                        "(list them under a teacher's domains or set default_teacher)")
@@ -378,8 +378,8 @@ def _prompts(cfg: DistillStage, rows: StageRows) -> tuple[dict[str, list[tuple[s
 
 def _refuse_on_nemo_rl(cfg: DistillStage, rows: StageRows, wiring) -> None:
     """What NeMo RL's MOPD cannot express given the rows (their verifiers' agents, the longest prompt)."""
-    from flows.launched_nemo_rl import gym_environments, refuse_unsupported
-    from model.scaleout.nemo_rl import unsupported_distill
+    from stagewise.engines.nemo_rl.stage import gym_environments, refuse_unsupported
+    from stagewise.engines.nemo_rl.translate import unsupported_distill
 
     refuse_unsupported("stages.distill", unsupported_distill(
         cfg, environments=gym_environments(rows.train), gym_agents=cfg.nemo_gym.agents if cfg.nemo_gym else None,
@@ -388,13 +388,13 @@ def _refuse_on_nemo_rl(cfg: DistillStage, rows: StageRows, wiring) -> None:
 
 def _round_on_nemo_rl(ctx: StageContext, block: DistillInputs, student: str, teachers: dict[str, str],
                       rows: StageRows, out_dir: Path, run_id: str) -> CheckpointRef:
-    """One round on NeMo RL's MOPD (flows/launched_nemo_rl.py): the prompts in our sampler's order,
+    """One round on NeMo RL's MOPD (engines/nemo_rl/stage.py): the prompts in our sampler's order,
     the round's teachers by their HF directories, one driver launch, NeMo RL's converter, the
     export adopted as the round's checkpoint."""
-    from data.chat import load_chat_tokenizer
-    from flows.launched import run_engine
-    from flows.launched_nemo_rl import distill_plan, mlflow_target, row_agents
-    from tasks.rl import RLWiring
+    from stagewise.data.chat import load_chat_tokenizer
+    from stagewise.engines.launch.stage import run_engine
+    from stagewise.engines.nemo_rl.stage import distill_plan, mlflow_target, row_agents
+    from stagewise.tasks.rl import RLWiring
 
     cfg = block.stage
     _routes(cfg, rows)
@@ -413,7 +413,7 @@ def _report(tracker, run_id: str, round_run_id: str, before: dict[str, float], a
     """Student before/after and each teacher, per domain (JSON + PNGs), and the last round's reverse KL."""
     if not before:
         return
-    from eval.plots import before_after_plot, distill_plot
+    from stagewise.eval.plots import before_after_plot, distill_plot
 
     table = {k: {"start": before[k], "distilled": after.get(k),
                  "teacher": teachers.get(k.replace("/student/", "/teacher/"))} for k in before}

@@ -18,13 +18,13 @@ from pathlib import Path
 from pydantic import BaseModel
 from prefect import flow, get_run_logger
 
-from flows.recipe import Recipe
-from flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, reused_result, stage_run
-from flows.stage_schemas import MergeStage
-from tasks.merge import merge_at_checkpoint_task
-from tasks.refs import PreparedRef, StageResult, StageSummary
-from tasks.steps import step_dir
-from tasks.tracking import Tracker
+from stagewise.recipe import Recipe
+from stagewise.flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, reused_result, stage_run
+from stagewise.recipe.blocks.merge import MergeStage
+from stagewise.tasks.merge import merge_at_checkpoint_task
+from stagewise.store.refs import PreparedRef, StageResult, StageSummary
+from stagewise.store.steps import step_dir
+from stagewise.store.tracking import Tracker
 
 STAGE = "merge"
 TARGET = "merge/handed_on_loss"
@@ -54,7 +54,7 @@ def merge_spec(block: MergeInputs, seed: int) -> dict:
 
 
 def _report(tracker: Tracker, run_id: str, windows: list[int]) -> None:
-    from eval.plots import merge_curves
+    from stagewise.eval.plots import merge_curves
 
     histories = tracker.metric_histories(run_id, ["merge/trained/loss"] + [f"merge/{w}/loss" for w in windows])
     tracker.log_figure(run_id, merge_curves(histories), "reports/merge_vs_trained.png")
@@ -63,7 +63,7 @@ def _report(tracker: Tracker, run_id: str, windows: list[int]) -> None:
 @flow(name="merge")
 def merge_flow(ctx: StageContext, block: MergeInputs, upstream: Upstream) -> StageResult:
     """Merge the checkpoints of pretraining's stage dir over `windows_tokens` and hand on the best."""
-    from model.merge import checkpoints_with_tokens
+    from stagewise.model.merge import checkpoints_with_tokens
 
     logger = get_run_logger()
     stage, tracker = block.stage, ctx.tracker

@@ -17,13 +17,13 @@ from typing import Optional
 
 from prefect import flow
 
-from data.errors import BadInput
-from flows.recipe import load_recipe
-from flows.recipe_errors import did_you_mean
-from flows.registry import REGISTRY
-from tasks.policy import run_logger
-from tasks.refs import CheckpointRef
-from tasks.tracking import STAGE_TAG, Tracker
+from stagewise.data.errors import BadInput
+from stagewise.recipe import load_recipe
+from stagewise.recipe.errors import did_you_mean
+from stagewise.flows.registry import REGISTRY
+from stagewise.tasks.policy import run_logger
+from stagewise.store.refs import CheckpointRef
+from stagewise.store.tracking import STAGE_TAG, Tracker
 
 RUN_NAME = "nightly-eval"
 
@@ -54,8 +54,8 @@ def newest_checkpoint(tracker: Tracker) -> dict:
 def evaluate_latest_flow(recipe: str, suite: Optional[str] = None, overrides: Optional[list[str]] = None,
                          limit: Optional[int] = None) -> dict:
     """Score the newest registered checkpoint of `recipe` on its eval suites (or `suite`); `limit` items per task."""
-    from flows.pipeline import runtime_of, tracker_for
-    from tasks.evaluate import suite_task
+    from stagewise.flows.pipeline import runtime_of, tracker_for
+    from stagewise.tasks.evaluate import suite_task
 
     loaded = load_recipe(recipe, list(overrides or []))
     suites = suites_to_run(loaded.recipe.eval, suite)

@@ -22,14 +22,14 @@ import yaml
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.closing_table import closing_rows, log_closing_table
-from flows.recipe import LoadedRecipe, Recipe, RecipeError, flatten_recipe, recipe_hash, select_stages
-from flows.recipe_errors import cite_location, locate
-from flows.registry import REGISTRY
-from flows.stage import NO_START, Stage, StageContext, Upstream
-from model.runtime import Runtime, RuntimeUnavailable, resolve_runtime
-from tasks.refs import StageResult
-from tasks.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker, default_tracking_uri
+from stagewise.flows.closing_table import closing_rows, log_closing_table
+from stagewise.recipe import LoadedRecipe, Recipe, RecipeError, flatten_recipe, recipe_hash, select_stages
+from stagewise.recipe.errors import cite_location, locate
+from stagewise.flows.registry import REGISTRY
+from stagewise.flows.stage import NO_START, Stage, StageContext, Upstream
+from stagewise.model.runtime import Runtime, RuntimeUnavailable, resolve_runtime
+from stagewise.store.refs import StageResult
+from stagewise.store.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker, default_tracking_uri
 
 
 def tracker_for(recipe: Recipe, workdir: Path) -> Tracker:
@@ -105,7 +105,7 @@ def runtime_of(loaded: LoadedRecipe) -> Runtime:
 def check_engines(loaded: LoadedRecipe, names: list[str]) -> None:
     """Every launched engine of the chosen stages can be launched here (its venv holds the engine, the
     scheduler's tool is on PATH); RecipeError naming the field, its line, and how to get the engine."""
-    from model.scaleout.availability import EngineMissing, check_engine
+    from stagewise.engines.availability import EngineMissing, check_engine
 
     problems = []
     for name in names:

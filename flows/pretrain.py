@@ -6,7 +6,7 @@ the curriculum reads as a list of tasks in the Prefect UI and a crash loses at m
 checkpoint interval (`stagewise run --resume`). The untrained model is scored first, so the
 closing table shows the validation loss before and after.
 
-The stage is one content-addressed step (tasks/steps.py): its directory is named by
+The stage is one content-addressed step (store/steps.py): its directory is named by
 `pretrain_spec` (model, training config, phases, epoch caps, gate) and the prepared data's
 digest. Re-running an unchanged, finished stage (gate-stopped included) trains nothing and
 hands on the recorded checkpoint.
@@ -17,19 +17,19 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 from prefect import flow, get_run_logger
 
-from data.config import DataConfig, TokenizerConfig
-from flows.launched import with_engine
-from flows.recipe import PretrainStage, Recipe
-from flows.stage import Stage, StageContext, Upstream, finish, resume_point, reused_result, stage_run
-from flows.stage_loop import run_stretches
-from model.config import ModelConfig, TrainConfig
-from model.scaleout.megatron_bridge import megatron_precision
-from tasks.data import prepare_data_task
-from tasks.evaluate import loss_report_task, suite_task, validation_task
-from tasks.refs import CheckpointRef, PreparedRef, StageResult, StageSummary
-from tasks.steps import step_dir, value_of
-from tasks.tracking import Tracker
-from tasks.train import ShardData, TrainSpec
+from stagewise.data.config import DataConfig, TokenizerConfig
+from stagewise.engines.launch.stage import with_engine
+from stagewise.recipe import PretrainStage, Recipe
+from stagewise.flows.stage import Stage, StageContext, Upstream, finish, resume_point, reused_result, stage_run
+from stagewise.flows.stage_loop import run_stretches
+from stagewise.model.config import ModelConfig, TrainConfig
+from stagewise.engines.megatron.translate import megatron_precision
+from stagewise.tasks.data import prepare_data_task
+from stagewise.tasks.evaluate import loss_report_task, suite_task, validation_task
+from stagewise.store.refs import CheckpointRef, PreparedRef, StageResult, StageSummary
+from stagewise.store.steps import step_dir, value_of
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.train import ShardData, TrainSpec
 
 STAGE = "pretrain"
 TARGET = "eval/validation/loss"
@@ -142,11 +142,11 @@ def _handed_on(ctx: StageContext, block: PretrainInputs, train_cfg: TrainConfig,
 
 def _on_megatron(ctx: StageContext, block: PretrainInputs, train_cfg: TrainConfig, prepared: PreparedRef, run_id: str,
                  out_dir) -> StageResult:
-    """The stage trained by Megatron-Bridge (flows/launched_megatron.py), scored here like ours."""
-    from data.prepare import PreparedData
-    from flows.launched import run_engine
-    from flows.launched_megatron import pretrain_plan
-    from model.scaleout.megatron_bridge import MLflowTarget
+    """The stage trained by Megatron-Bridge (engines/megatron/stage.py), scored here like ours."""
+    from stagewise.data.prepare import PreparedData
+    from stagewise.engines.launch.stage import run_engine
+    from stagewise.engines.megatron.stage import pretrain_plan
+    from stagewise.engines.megatron.translate import MLflowTarget
 
     stage = block.stage
     mlflow = MLflowTarget(ctx.tracker.uri, ctx.tracker.experiment, run_id, STAGE)

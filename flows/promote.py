@@ -34,9 +34,9 @@ from typing import Any, Literal, Optional
 
 from prefect import flow, get_run_logger
 
-from data.errors import BadInput
-from eval.gates import GateRule
-from flows.recipe import available_stages
+from stagewise.data.errors import BadInput
+from stagewise.eval.gates import GateRule
+from stagewise.recipe import available_stages
 
 PROMOTION_TAG = "stagewise.promotion"
 PROMOTED_BY_TAG = "stagewise.promoted_by_run"
@@ -53,7 +53,7 @@ def default_alias(stage: str) -> str:
 
 def check_alias(alias: str, stage: str) -> str:
     """An alias MLflow accepts and that no stage run moves on its own; BadInput naming `alias` otherwise."""
-    from flows.recipe import STAGE_ORDER
+    from stagewise.recipe import STAGE_ORDER
 
     if not _ALIAS.match(alias) or alias.lower() == "latest" or re.match(r"^[vV]\d+$", alias):
         raise BadInput(f"alias {alias!r}: an MLflow alias is letters, digits, _ and -, and not 'latest' or v<N>; "
@@ -76,7 +76,7 @@ def check_tracking_uri(uri: Optional[str], field: str = "tracking_uri") -> str:
 def check_request(experiment: str, stage: str, rule: str, alias: Optional[str],
                   tracking_uri: Optional[str]) -> tuple[GateRule, str, str]:
     """(the parsed rule, the alias, the store URI), or BadInput naming what is wrong (the rule file's line and field)."""
-    from eval.cutoffs import load_rule
+    from stagewise.eval.cutoffs import load_rule
 
     if not experiment or not experiment.strip():
         raise BadInput("experiment: give the MLflow experiment (by default the recipe's name)")
@@ -112,8 +112,8 @@ def judge(tracker: Any, experiment: str, stage: str, rule: GateRule) -> dict[str
     """Every run of the stage with the rule replayed and its registered version; the winner (or None).
 
     BadInput when the experiment or the stage has no runs, or when no run logs the rule's metrics."""
-    from eval.cutoffs import run_cutoff
-    from eval.gates import UnknownMetricError, check_metrics
+    from stagewise.eval.cutoffs import run_cutoff
+    from stagewise.eval.gates import UnknownMetricError, check_metrics
 
     try:
         runs = tracker.find_stage_runs(experiment, stage)
@@ -206,7 +206,7 @@ def promote_flow(
         alias: The registry alias to move; default `<stage>-champion`.
         tracking_uri: The MLflow store; default MLFLOW_TRACKING_URI.
     """
-    from tasks.tracking import Tracker
+    from stagewise.store.tracking import Tracker
 
     parsed, alias, uri = check_request(experiment, stage, rule, alias, tracking_uri)
     logger = get_run_logger()

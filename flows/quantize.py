@@ -27,16 +27,16 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
-from data.config import DataConfig, TokenizerConfig
-from data.errors import BadInput
-from data.sft_config import SFTWorldConfig
-from flows.quantize_schema import QuantizeStage
-from flows.recipe import Recipe
-from flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, reused_result, stage_run, start_checkpoint
-from tasks.policy import run_logger
-from tasks.quantize import Scoring, quantize_checkpoint
-from tasks.refs import StageResult, StageSummary
-from tasks.steps import file_hash, step_dir, value_of
+from stagewise.data.config import DataConfig, TokenizerConfig
+from stagewise.data.errors import BadInput
+from stagewise.data.sft_config import SFTWorldConfig
+from stagewise.recipe.blocks.quantize import QuantizeStage
+from stagewise.recipe import Recipe
+from stagewise.flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, reused_result, stage_run, start_checkpoint
+from stagewise.tasks.policy import run_logger
+from stagewise.tasks.quantize import Scoring, quantize_checkpoint
+from stagewise.store.refs import StageResult, StageSummary
+from stagewise.store.steps import file_hash, step_dir, value_of
 
 STAGE = "quantize"
 TARGET = "quant/heldout/exact_match"
@@ -72,7 +72,7 @@ def data_root(block: QuantizeInputs, upstream: Upstream, workdir: str, seed: int
               prepare=None) -> str:
     """The prepared data whose validation text calibrates and scores: this run's pretraining data, else
     prepared now (content-hashed: reused when it exists). `prepare` is the task (the CLI passes its `.fn`)."""
-    from tasks.data import prepare_data_task
+    from stagewise.tasks.data import prepare_data_task
 
     pretrain = upstream.of("pretrain")
     if pretrain and pretrain.data_root:
@@ -82,7 +82,7 @@ def data_root(block: QuantizeInputs, upstream: Upstream, workdir: str, seed: int
 
 def heldout_path(block: QuantizeInputs, workdir: str, seed: int, base_dir: str, world=None) -> str | None:
     """The held-out conversations: `heldout`, else the SFT world's (generated once per seed, else reused)."""
-    from tasks.sft_data import resolve, sft_world_task
+    from stagewise.tasks.sft_data import resolve, sft_world_task
 
     world_dir = None
     if block.sft_world is not None and (block.stage.heldout is None or block.stage.heldout.startswith("@world/")):
@@ -101,7 +101,7 @@ def quantize_spec(block: QuantizeInputs, seed: int) -> dict:
 @flow(name="quantize")
 def quantize_flow(ctx: StageContext, block: QuantizeInputs, upstream: Upstream | None = None) -> StageResult:
     """Quantize the checkpoint handed on (else `model.from`) per `stages.quantize` and export it."""
-    from tasks.sft_data import resolve
+    from stagewise.tasks.sft_data import resolve
 
     upstream = upstream or Upstream()
     stage, tracker = block.stage, ctx.tracker
@@ -135,8 +135,8 @@ def inputs_for(stage: QuantizeStage, start: str, root: str, calib: str | None, h
     """The calibration batches and what both models are scored on (the stage and the CLI alike)."""
     from transformers import AutoTokenizer
 
-    from eval.heldout import read_conversations
-    from quant.calibration import stream_batches, text_batches
+    from stagewise.eval.heldout import read_conversations
+    from stagewise.quant.calibration import stream_batches, text_batches
 
     streams = validation_streams(root, start)
     n = max(stage.calib_batches, stage.score_batches)
@@ -152,7 +152,7 @@ def validation_streams(root: str, start: str) -> dict:
     """The prepared data's validation streams, after checking they are in the checkpoint's vocabulary."""
     from transformers import AutoTokenizer
 
-    from tasks.evaluate import val_streams
+    from stagewise.tasks.evaluate import val_streams
 
     theirs = AutoTokenizer.from_pretrained(str(Path(root) / "tokenizer")).get_vocab()
     ours = AutoTokenizer.from_pretrained(start).get_vocab()
@@ -170,8 +170,8 @@ def export_meta(start: str, recipe_hash: str) -> dict:
 
 def log_report(tracker, run_id: str, report: dict) -> dict[str, float]:
     """The report's numbers as `quant/...` metrics, its JSON and its two charts; the lines a person reads."""
-    from eval.plots import before_after_plot, quant_formats_plot
-    from quant.report import summary_lines
+    from stagewise.eval.plots import before_after_plot, quant_formats_plot
+    from stagewise.quant.report import summary_lines
 
     logged = {"quant/effective_bits": report["effective_bits"], "quant/effective_bits_all": report["effective_bits_all"],
               "quant/recounted_bits": report["recounted_bits"]}

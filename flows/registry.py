@@ -2,15 +2,15 @@
 
 A stage is a module with its flow, its inputs model and a `STAGE_ENTRY` (flows/stage.py).
 Adding one is that module, a line here, and its recipe block (a field of StagesConfig in
-flows/recipe_schema.py, so the recipe validates it before any work). The order must follow
+recipe/schema.py, so the recipe validates it before any work). The order must follow
 the design's STAGE_ORDER; tests/flows/test_registry.py holds both rules.
 """
 
 from __future__ import annotations
 
-from flows import distill, long_context, merge, pretrain, quantize, rl, sft
-from flows.recipe import STAGE_ORDER
-from flows.stage import Stage
+from stagewise.flows import distill, long_context, merge, pretrain, quantize, rl, sft
+from stagewise.recipe import STAGE_ORDER
+from stagewise.flows.stage import Stage
 
 REGISTRY: tuple[Stage, ...] = (
     pretrain.STAGE_ENTRY,

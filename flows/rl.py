@@ -23,7 +23,7 @@ the single temperature-0 answer, as SFT's held-out exact match reads it.
 
 With `engine: nemo_rl` the world, the profile, the filter and both evaluations are the same;
 rl-train is NeMo RL's GRPO driver on the kept prompts in our sampler's order, then NeMo RL's
-converter, the export adopted as the stage's checkpoint (flows/launched_nemo_rl.py).
+converter, the export adopted as the stage's checkpoint (engines/nemo_rl/stage.py).
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
-from flows.recipe import Recipe
-from flows.rl_schema import RLStage, block_spec
-from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
+from stagewise.recipe import Recipe
+from stagewise.recipe.blocks.rl import RLStage, block_spec
+from stagewise.flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
                          stage_run, start_checkpoint)
-from tasks.policy import run_logger
-from tasks.refs import CheckpointRef, StageResult, StageSummary
-from tasks.rl import (RLWiring, ScoresCache, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
+from stagewise.tasks.policy import run_logger
+from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
+from stagewise.tasks.rl import (RLWiring, ScoresCache, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
                       rl_world_task)
-from tasks.sft_data import resolve
-from tasks.steps import file_hash, step_dir, value_of
+from stagewise.tasks.sft_data import resolve
+from stagewise.store.steps import file_hash, step_dir, value_of
 
 STAGE = "rl"
 TARGET = "rl/heldout/pass_at_1/all"
@@ -134,7 +134,7 @@ def stage_rows(ctx: StageContext, data, world_entities: int, only_domains: list[
              for r in load_tasks(p, s.name, s.domain, s.environment, s.on_bad_line)
              if only_domains is None or r.domain in only_domains]
     if not train:
-        from data.errors import BadInput
+        from stagewise.data.errors import BadInput
 
         raise BadInput(f"{name}: no training rows in domain(s) {', '.join(only_domains or [])}")
     heldout = data.heldout or ("@world/rl_eval.jsonl" if world_dir else None)
@@ -147,15 +147,15 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
            log) -> StageResult:
     from transformers import AutoTokenizer
 
-    from data.chat import install_chat_template
-    from eval.heldout import end_ids, round_robin
-    from model.build import load_model
-    from model.rollout import make_generator
+    from stagewise.data.chat import install_chat_template
+    from stagewise.eval.heldout import end_ids, round_robin
+    from stagewise.model.build import load_model
+    from stagewise.model.rollout import make_generator
 
     cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
     refused = backend_problem(cfg.backend, str(device))
     if refused:
-        from data.errors import BadInput
+        from stagewise.data.errors import BadInput
 
         raise BadInput(refused)
     tokenizer = AutoTokenizer.from_pretrained(start_from)
@@ -166,8 +166,8 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
                                lambda r: r.domain, cfg.data.heldout_limit)
     wiring = RLWiring(tokenizer, train_rows + heldout_rows, cfg.rewards, cfg.reasoning)
     if cfg.engine == "nemo_rl":  # what only the rows tell, before anything trains: verifiers, longest prompt
-        from flows.launched_nemo_rl import gym_environments, refuse_unsupported
-        from model.scaleout.nemo_rl import unsupported
+        from stagewise.engines.nemo_rl.stage import gym_environments, refuse_unsupported
+        from stagewise.engines.nemo_rl.translate import unsupported
 
         refuse_unsupported("stages.rl", unsupported(cfg, environments=gym_environments(train_rows),
                                                     gym_agents=cfg.nemo_gym.agents if cfg.nemo_gym else None,
@@ -186,7 +186,7 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
 
 def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_rows, wiring, heldout_rows, policy,
                     generator, pad_id: int, out_dir: Path, run_id: str, log) -> StageResult:
-    from data.rl_curriculum import difficulty_filter
+    from stagewise.data.rl_curriculum import difficulty_filter
 
     cfg, tracker = block.stage, ctx.tracker
     ro = cfg.rollout
@@ -220,7 +220,7 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
         ratios = {d: w for d, w in ratios.items() if d in block.only_domains} or {d: 1.0 for d in sorted(by_domain)}
     if cfg.engine == "nemo_rl":
         ckpt = _on_nemo_rl(ctx, block, start_from, train_rows, wiring, by_domain, ratios, out_dir, run_id)
-        from model.checkpoint import load_weights_into
+        from stagewise.model.checkpoint import load_weights_into
 
         load_weights_into(policy, ckpt.path)  # the adopted export, into the policy the evaluation samples with
         trained_tokens = ckpt.tokens_seen
@@ -245,10 +245,10 @@ def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, polic
               by_domain: dict[str, list[tuple[str, float]]], ratios: dict[str, float], out_dir: Path, run_id: str,
               log) -> tuple[CheckpointRef, int]:
     """GRPO on our engine (model/engine.py + model/rl_batches.py): the checkpoint and the rollout tokens trained."""
-    from data.rl_sampler import CurriculumSampler
-    from model.engine import Trainer
-    from model.objectives.grpo import GRPOObjective
-    from model.rl_batches import RolloutBatches, pass_rates, seed_for
+    from stagewise.data.rl_sampler import CurriculumSampler
+    from stagewise.model.engine import Trainer
+    from stagewise.model.objectives.grpo import GRPOObjective
+    from stagewise.model.rl_batches import RolloutBatches, pass_rates, seed_for
 
     cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
     ro = cfg.rollout
@@ -268,8 +268,8 @@ def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, polic
 
     reference = None
     if cfg.grpo.kl_coeff > 0:  # the KL anchor: the stage's starting weights, frozen
-        from model.build import load_model
-        from model.objectives.grpo import token_logprobs
+        from stagewise.model.build import load_model
+        from stagewise.model.objectives.grpo import token_logprobs
 
         anchor = load_model(start_from, device=device).eval().requires_grad_(False)
         reference = lambda ids: token_logprobs(anchor, ids.to(device), ro.temperature)[0].cpu()  # noqa: E731
@@ -288,10 +288,10 @@ def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, polic
 def _on_nemo_rl(ctx: StageContext, block: RLInputs, start_from: str, train_rows, wiring,
                 by_domain: dict[str, list[tuple[str, float]]], ratios: dict[str, float], out_dir: Path,
                 run_id: str) -> CheckpointRef:
-    """GRPO on NeMo RL (flows/launched_nemo_rl.py): the kept prompts in our sampler's order, one
+    """GRPO on NeMo RL (engines/nemo_rl/stage.py): the kept prompts in our sampler's order, one
     driver launch, NeMo RL's converter, the export adopted as `step-<steps>`."""
-    from flows.launched import run_engine
-    from flows.launched_nemo_rl import mlflow_target, rl_plan, row_agents
+    from stagewise.engines.launch.stage import run_engine
+    from stagewise.engines.nemo_rl.stage import mlflow_target, rl_plan, row_agents
 
     cfg = block.stage
     kept = {i for ids in by_domain.values() for i, _ in ids}
@@ -313,7 +313,7 @@ def steps_train_config(cfg, rollout, prompts: dict, runtime) -> "TrainConfig":
     sampled responses (RL, distillation), each rollout batch split into `rollout.minibatches`
     steps: the engine counts tokens, so a step is its share of rows of the longest prompt plus
     max_new_tokens."""
-    from model.config import TrainConfig
+    from stagewise.model.config import TrainConfig
 
     seq_length = max(len(p.ids) for p in prompts.values()) + rollout.max_new_tokens
     rows = max(1, cfg.prompts_per_step * rollout.group_size // getattr(rollout, "minibatches", 1))
@@ -343,11 +343,11 @@ def _report(tracker, run_id: str, before: dict[str, float], after: dict[str, flo
     """The before/after table (JSON) and picture (PNG) of the held-out evaluation."""
     if not before:
         return
-    from eval.plots import before_after_plot
+    from stagewise.eval.plots import before_after_plot
 
     table = {k: {"sft": before[k], "rl": after.get(k)} for k in before}
     tracker.log_json(run_id, table, "reports/rl_before_after.json")
-    from eval.plots import rl_training_plot
+    from stagewise.eval.plots import rl_training_plot
 
     names = ["rl/groups", "rl/kept_groups", "rl/is_masked_fraction", "rl/clip_fraction",
              *(f"rl/reward/{c}" for c in ("accuracy", "format", "length", "total"))]

@@ -30,7 +30,7 @@ recipe assembles (reuses) the data, then trains and evaluates nothing. The final
 registered with the alias `sft`.
 
 With `engine: megatron` the data path and the evaluations are the same; each sub-stage's training
-is one Megatron-Bridge run on its kept conversations as chat rows (data/megatron_sft.py,
+is one Megatron-Bridge run on its kept conversations as chat rows (engines/megatron/chat_rows.py,
 flows/launched_megatron.sft_plan: import -> train -> export), adopted as the sub-stage's checkpoint
 and scored once (the recipe check refuses sub-stage gates and max_epochs there).
 """
@@ -43,20 +43,20 @@ from typing import Callable
 from pydantic import BaseModel
 from prefect import flow, get_run_logger
 
-from flows.launched import with_engine
-from flows.recipe import Recipe, SFTStage, SFTSubStage
-from flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
+from stagewise.engines.launch.stage import with_engine
+from stagewise.recipe import Recipe, SFTStage, SFTSubStage
+from stagewise.flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
                          stage_run, start_checkpoint)
-from flows.stage_loop import GateFailed, run_stretches
-from model.config import ModelConfig, MTPConfig, TrainConfig
-from model.scaleout.megatron_bridge import megatron_precision
-from tasks.data_profile import sft_profile_task
-from tasks.evaluate import heldout_task, loss_report_task, suite_task
-from tasks.refs import CheckpointRef, StageResult, StageSummary
-from tasks.sft_data import PackedRef, blend_pack_task, curate_task, resolve, sft_start_task, sft_world_task
-from tasks.steps import file_hash, finished, mark_finished, reuse, step_dir, value_of
-from tasks.tracking import Tracker
-from tasks.train import PackedData, TrainSpec
+from stagewise.flows.stage_loop import GateFailed, run_stretches
+from stagewise.model.config import ModelConfig, MTPConfig, TrainConfig
+from stagewise.engines.megatron.translate import megatron_precision
+from stagewise.tasks.data_profile import sft_profile_task
+from stagewise.tasks.evaluate import heldout_task, loss_report_task, suite_task
+from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
+from stagewise.tasks.sft_data import PackedRef, blend_pack_task, curate_task, resolve, sft_start_task, sft_world_task
+from stagewise.store.steps import file_hash, finished, mark_finished, reuse, step_dir, value_of
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.train import PackedData, TrainSpec
 
 STAGE = "sft"
 SUBSTAGE_TAG = "stagewise.substage"
@@ -193,12 +193,12 @@ def _substage_on_megatron(ctx: StageContext, sub: SFTSubStage, train_cfg: TrainC
                           start: CheckpointRef, block: SFTInputs, tokenizer_dir: str, run_id: str,
                           out_dir: Path) -> CheckpointRef:
     """One sub-stage trained by Megatron-Bridge: the conversations our packer kept, as chat rows
-    (data/megatron_sft.py), then import -> train -> export (flows/launched_megatron.py), adopted."""
-    from data.megatron_sft import write_chat_rows
-    from flows.launched import run_engine
-    from flows.launched_megatron import sft_plan
-    from model.scaleout.megatron_bridge import MLflowTarget
-    from tasks.sft_data import pack_seed
+    (engines/megatron/chat_rows.py), then import -> train -> export (engines/megatron/stage.py), adopted."""
+    from stagewise.engines.megatron.chat_rows import write_chat_rows
+    from stagewise.engines.launch.stage import run_engine
+    from stagewise.engines.megatron.stage import sft_plan
+    from stagewise.engines.megatron.translate import MLflowTarget
+    from stagewise.tasks.sft_data import pack_seed
 
     stage = block.stage
     rows = out_dir / "megatron-data"
@@ -287,7 +287,7 @@ def _report(tracker: Tracker, run_id: str, base: dict, final: dict, names: list[
     table = {k: {"base": base[k], "sft": final.get(k), "delta": final[k] - base[k] if k in final else None} for k in base}
     tracker.log_json(run_id, {"substages": names, "metrics": table}, "reports/sft_before_after.json")
     if table:
-        from eval.plots import before_after_plot
+        from stagewise.eval.plots import before_after_plot
 
         tracker.log_figure(run_id, before_after_plot(base, final, "SFT: base vs fine-tuned"), "reports/sft_before_after.png")
 

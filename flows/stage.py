@@ -10,7 +10,7 @@
 - `upstream` holds the results of the stages that ran before it in this pipeline run.
 
 Every stage opens its MLflow run with `stage_run` (runtime logged as params), names its
-output with a content-addressed step (tasks/steps.py), asks `reused_result` first (a finished
+output with a content-addressed step (store/steps.py), asks `reused_result` first (a finished
 step is handed back as a Prefect Cached task run and its recorded metrics are re-logged), and
 ends with `finish` (marker written last, checkpoint registered under the stage's alias). A
 new stage is one module that defines its flow, its inputs and a `Stage`, plus one line in
@@ -28,11 +28,11 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from model.runtime import Runtime
-from tasks.refs import CheckpointRef, StageResult
-from tasks.policy import run_logger
-from tasks.steps import finished, mark_finished, reuse
-from tasks.tracking import STAGE_TAG, Tracker
+from stagewise.model.runtime import Runtime
+from stagewise.store.refs import CheckpointRef, StageResult
+from stagewise.tasks.policy import run_logger
+from stagewise.store.steps import finished, mark_finished, reuse
+from stagewise.store.tracking import STAGE_TAG, Tracker
 
 REUSED_TAG = "stagewise.reused"
 STAGE_DIR_TAG = "stagewise.stage_dir"
@@ -161,7 +161,7 @@ def resume_point(out_dir: Path, resume: bool) -> CheckpointRef | None:
 
     A step with checkpoints but no finish marker was interrupted; continuing it silently could
     mix two recipes' weights, so it needs --resume (exit 1 naming the directory otherwise)."""
-    from model.checkpoint import latest_checkpoint, read_meta
+    from stagewise.model.checkpoint import latest_checkpoint, read_meta
 
     latest = latest_checkpoint(out_dir)
     if latest is None:
@@ -176,7 +176,7 @@ def resume_point(out_dir: Path, resume: bool) -> CheckpointRef | None:
 
 def checkpoint_hash(path: str | Path) -> str:
     """What identifies a checkpoint as a step input: its weights' sha256 (the path when it has none)."""
-    from model.checkpoint import read_meta
+    from stagewise.model.checkpoint import read_meta
 
     try:
         return read_meta(path).weight_sha256 or str(path)

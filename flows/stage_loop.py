@@ -17,10 +17,10 @@ from typing import Callable
 
 from prefect import get_run_logger
 
-from tasks.evaluate import gate_task
-from tasks.refs import CheckpointRef
-from tasks.tracking import Tracker
-from tasks.train import TrainSpec, train_task
+from stagewise.tasks.evaluate import gate_task
+from stagewise.store.refs import CheckpointRef
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.train import TrainSpec, train_task
 
 
 class GateFailed(RuntimeError):
@@ -42,7 +42,7 @@ def marks(phase_ends: list[tuple[str, int]], every: int | None, total: int) -> l
 
 def checkpoint_at(out_dir: Path, step: int) -> CheckpointRef | None:
     """The saved checkpoint of `step` in a stage directory (gates name a step)."""
-    from model.checkpoint import list_checkpoints, read_meta
+    from stagewise.model.checkpoint import list_checkpoints, read_meta
 
     for path in list_checkpoints(out_dir):
         meta = read_meta(path)

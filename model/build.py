@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, NemotronHConfig, NemotronHForCausalLM
 
-from model.checkpoint_check import check_checkpoint
-from model.config import ModelConfig
-from model.mtp import MTPHeads, attach_mtp, mtp_state_dict, read_mtp_settings
-from model.presets import preset_kwargs
+from stagewise.model.checkpoint_check import check_checkpoint
+from stagewise.model.config import ModelConfig
+from stagewise.model.mtp import MTPHeads, attach_mtp, mtp_state_dict, read_mtp_settings
+from stagewise.model.presets import preset_kwargs
 
 ARCHITECTURES = ["NemotronHForCausalLM"]
 # Accepted besides the dataclass fields: the pattern strings NemotronHConfig converts itself.

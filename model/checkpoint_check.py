@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from data.errors import BadInput, read_utf8
+from stagewise.data.errors import BadInput, read_utf8
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -213,7 +213,7 @@ def check_meta(path: Path) -> dict[str, Any]:
             problems.append(f"{path}: {key} must be a mapping; got {meta[key]!r}")
     mtp = meta.get("mtp") or (meta.get("extra") or {}).get("mtp") if isinstance(meta.get("extra") or {}, dict) else None
     if mtp:
-        from model.config import MTPConfig
+        from stagewise.model.config import MTPConfig
 
         try:
             MTPConfig.model_validate(mtp)

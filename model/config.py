@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from stagewise.config_base import StrictConfig
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
 
-
-class MTPConfig(_Config):
+class MTPConfig(StrictConfig):
     """Multi-token prediction heads (DeepSeek-V3 / Nemotron 3 style), trained next to the LM."""
 
     num_heads: int = Field(0, ge=0, le=4)
@@ -25,7 +24,7 @@ class MTPConfig(_Config):
     """Weight of the mean MTP loss added to the LM loss."""
 
 
-class ModelConfig(_Config):
+class ModelConfig(StrictConfig):
     """The network: a named preset with overrides, or an existing HF-format checkpoint."""
 
     preset: str | None = "tiny"
@@ -44,7 +43,7 @@ class ModelConfig(_Config):
         return self
 
 
-class OptimizerConfig(_Config):
+class OptimizerConfig(StrictConfig):
     """AdamW with decoupled weight decay (no decay on norms, biases and embeddings)."""
 
     lr: float = Field(3e-3, gt=0)
@@ -61,7 +60,7 @@ class OptimizerConfig(_Config):
     """Clip the global gradient norm to this value; 0 disables clipping."""
 
 
-class ScheduleConfig(_Config):
+class ScheduleConfig(StrictConfig):
     """Learning-rate schedule over tokens (ALGORITHMS.md section 1)."""
 
     kind: Literal["constant", "cosine", "wsd"] = "wsd"
@@ -76,7 +75,7 @@ class ScheduleConfig(_Config):
     """Used when decay_tokens is not set: the decay covers this fraction of the stage's tokens."""
 
 
-class MonitorConfig(_Config):
+class MonitorConfig(StrictConfig):
     """What the engine measures besides the loss, and how often."""
 
     log_every_steps: int = Field(1, gt=0)
@@ -87,7 +86,7 @@ class MonitorConfig(_Config):
     """An expert that receives no token over this many steps is counted dead."""
 
 
-class TrainConfig(_Config):
+class TrainConfig(StrictConfig):
     """How one training stage runs: batch geometry, optimizer, schedule, precision, checkpoints."""
 
     tokens: int = Field(gt=0)
@@ -138,7 +137,7 @@ LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "up_p
 """model/lora.py's default targets (attention, Mamba in_proj, dense and shared-expert MLPs)."""
 
 
-class LoRAConfig(_Config):
+class LoRAConfig(StrictConfig):
     """Train low-rank adapters instead of every weight (model/lora.py); merged into a plain checkpoint."""
 
     r: int = Field(16, gt=0)

@@ -24,11 +24,11 @@ from typing import Callable
 
 import torch
 
-from model.objectives.distill import distill_advantages, reverse_kl, scored
-from model.objectives.grpo import RolloutBatch
-from model.rl_batches import (Prompt, RolloutBatches, Sampler, SamplingSettings, Score, sample_metrics,
+from stagewise.model.objectives.distill import distill_advantages, reverse_kl, scored
+from stagewise.model.objectives.grpo import RolloutBatch
+from stagewise.model.rl_batches import (Prompt, RolloutBatches, Sampler, SamplingSettings, Score, sample_metrics,
                               seed_for)
-from model.rollout import Generator, Rollout
+from stagewise.model.rollout import Generator, Rollout
 
 TeacherScores = Callable[[list[str], list[list[int]], float], list[torch.Tensor]]
 """(domains, sequences, temperature) -> per sequence, log π_T(s[t+1] | s[:t+1]) of len(s) - 1."""

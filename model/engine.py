@@ -33,15 +33,15 @@ from typing import Any, Callable
 
 import torch
 
-from model import checkpoint as ck
-from model.config import TrainConfig
-from model.mfu import flops_per_token, peak_flops
-from model.objectives import LossContext
-from model.optim import build_optimizer
-from model.progress import TrainProgress
-from model.rng import capture_rng, restore_rng
-from model.schedules import lr_at
-from model.step import accumulate, collect, grad_stats, resolve_precision
+from stagewise.model import checkpoint as ck
+from stagewise.model.config import TrainConfig
+from stagewise.model.mfu import flops_per_token, peak_flops
+from stagewise.model.objectives import LossContext
+from stagewise.model.optim import build_optimizer
+from stagewise.model.progress import TrainProgress
+from stagewise.model.rng import capture_rng, restore_rng
+from stagewise.model.schedules import lr_at
+from stagewise.model.step import accumulate, collect, grad_stats, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ def _is_exhausted(err: BaseException) -> bool:
 
 def _monitors(model: torch.nn.Module, cfg: TrainConfig) -> tuple[Any, Any]:
     """RoutingMonitor (None without MoE layers) and ActivationMonitor."""
-    from model.activations import ActivationMonitor
-    from model.moe import RoutingMonitor
+    from stagewise.model.activations import ActivationMonitor
+    from stagewise.model.moe import RoutingMonitor
 
     routing = RoutingMonitor(model, window=cfg.monitor.dead_expert_window)
     if not routing.routers:

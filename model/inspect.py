@@ -32,9 +32,9 @@ import torch
 from rich.table import Table
 from transformers import NemotronHForCausalLM
 
-from model.build import build_hf_config
-from model.config import ModelConfig
-from model.mtp import attach_mtp
+from stagewise.model.build import build_hf_config
+from stagewise.model.config import ModelConfig
+from stagewise.model.mtp import attach_mtp
 
 SYMBOL = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
 KIND = {"linear_attention": "mamba2", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}

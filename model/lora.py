@@ -89,7 +89,7 @@ def lora_trainer_class():
     starting checkpoint, which the wrapped model was built from). It changes only the
     engine's hooks: what a checkpoint's weights are, what extra state it keeps, how resume
     puts the weights back; `Trainer.save` itself is not copied."""
-    from model.engine import Trainer
+    from stagewise.model.engine import Trainer
 
     class LoRATrainer(Trainer):
         def weights_for_checkpoint(self):

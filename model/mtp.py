@@ -31,7 +31,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMLP, NemotronHRMSNorm
 
-from model.config import MTPConfig
+from stagewise.model.config import MTPConfig
 
 PREFIX = "mtp."
 

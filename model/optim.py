@@ -14,7 +14,7 @@ import inspect
 import torch
 from torch import nn
 
-from model.config import OptimizerConfig
+from stagewise.model.config import OptimizerConfig
 
 
 def _embedding_param_ids(model: nn.Module) -> set[int]:

@@ -49,8 +49,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from model.objectives.grpo import RolloutBatch, leave_one_out
-from model.rollout import Generator, Rollout
+from stagewise.model.objectives.grpo import RolloutBatch, leave_one_out
+from stagewise.model.rollout import Generator, Rollout
 
 
 @dataclass(frozen=True)

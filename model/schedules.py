@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from model.config import OptimizerConfig, ScheduleConfig
+from stagewise.model.config import OptimizerConfig, ScheduleConfig
 
 _DECAY_SHAPES = {
     "minus_sqrt": lambda r: 1.0 - math.sqrt(r),

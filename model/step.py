@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from model.objectives import LossContext
+from stagewise.model.objectives import LossContext
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:

@@ -66,7 +66,7 @@ class HFTeacher:
     len(s) - 1 and returned in the input order."""
 
     def __init__(self, path: str, name: str, device: str = "cpu", chunk: int = 64, pad_id: int = 0):
-        from model.build import load_model
+        from stagewise.model.build import load_model
 
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
@@ -74,7 +74,7 @@ class HFTeacher:
         self.model: torch.nn.Module | None = load_model(path, device=device).eval().requires_grad_(False)
 
     def sequence_logprobs(self, sequences: list[list[int]], temperature: float) -> list[torch.Tensor]:
-        from model.objectives.grpo import token_logprobs
+        from stagewise.model.objectives.grpo import token_logprobs
 
         if self.model is None:
             raise RuntimeError(f"teacher {self.name!r} is closed")

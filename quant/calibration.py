@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.errors import BadInput, read_utf8
+from stagewise.data.errors import BadInput, read_utf8
 
 
 def stream_batches(streams: dict[str, np.ndarray], n_batches: int, batch_size: int, seq_length: int) -> list[dict]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from stagewise.config_base import StrictConfig
 
 Format = Literal["nvfp4", "fp8", "bf16"]
 """A per-operator format: NVFP4 (E2M1 in blocks of 16 with FP8 block scales), FP8 E4M3 per tensor,
@@ -19,11 +21,8 @@ QUANT_FORMATS: tuple[str, ...] = ("nvfp4", "fp8")
 """Formats the search may choose besides BF16 (BF16 is always a choice)."""
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
 
-
-class Pin(_Config):
+class Pin(StrictConfig):
     """Fix the format of every operator whose module name matches a glob pattern."""
 
     pattern: str = Field(min_length=1)
@@ -32,7 +31,7 @@ class Pin(_Config):
     """The format those operators get (bf16 keeps them unquantized)."""
 
 
-class QuantizeConfig(_Config):
+class QuantizeConfig(StrictConfig):
     """Per-operator formats chosen under a budget (search), or the Ultra-style fixed heuristic."""
 
     preset: Literal["super", "ultra"] = "super"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from quant.plan import Plan
+from stagewise.quant.plan import Plan
 
 PLAN_FILE = "stagewise_quant.json"
 SENTINEL = re.compile(r"\.?\u0000[^\"]*?pt_name_sentinel")
@@ -53,7 +53,7 @@ def export_checkpoint(model: torch.nn.Module, plan: Plan, source: str | Path, ou
     weights' sha256, so the export is a checkpoint of the pipeline like any other."""
     from modelopt.torch.export import export_hf_checkpoint
 
-    from model.checkpoint import atomic_dir
+    from stagewise.model.checkpoint import atomic_dir
 
     out_dir = Path(out_dir)
     model = model.to(dtype)  # modelopt's own dtype argument leaves an FP32 model's unquantized weights FP32
@@ -68,7 +68,7 @@ def export_checkpoint(model: torch.nn.Module, plan: Plan, source: str | Path, ou
         (tmp / PLAN_FILE).write_text(json.dumps({"formats": plan.formats, "searched": plan.searched,
                                                  "method": plan.method, "source": str(source)}, indent=2) + "\n")
         if meta is not None:
-            from model.checkpoint import META_FILE, weights_sha256
+            from stagewise.model.checkpoint import META_FILE, weights_sha256
 
             doc = meta | {"weight_sha256": weights_sha256(tmp)}
             (tmp / META_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True))

@@ -27,7 +27,7 @@ def _preset(fmt: str, device: str) -> dict[str, Any]:
 
     preset = copy.deepcopy(getattr(mtq, MODELOPT_NAMES[fmt]))
     if device == "cpu":
-        from quant.nvfp4 import with_cpu_backend
+        from stagewise.quant.nvfp4 import with_cpu_backend
 
         preset = with_cpu_backend(preset)
     return preset

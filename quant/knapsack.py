@@ -6,7 +6,7 @@ precision). Choosing one option per group to minimise the summed score within a 
 a multiple-choice knapsack; it is small (groups x formats binaries), so we solve it exactly
 as a binary ILP with PuLP's bundled CBC solver rather than greedily.
 
-    from quant.knapsack import solve
+    from stagewise.quant.knapsack import solve
     choice = solve([[(0.0, 16.0), (0.3, 8.0), (1.2, 4.0)], ...], budget=...)
 
 The interface is plain numbers: no modelopt types, so it is testable and reusable alone.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from data.errors import BadInput
+from stagewise.data.errors import BadInput
 
 # A budget equal to a feasible total (up to float rounding of the sum) counts as feasible.
 REL_TOL = 1e-9

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from quant.export import PLAN_FILE, export_name
+from stagewise.quant.export import PLAN_FILE, export_name
 
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 """FP4 (E2M1) code -> value; bit 3 is the sign."""
@@ -103,7 +103,7 @@ def read_plan(export_dir: str | Path) -> dict:
     """The plan saved beside an export (every operator's format, the searched set, the method)."""
     path = Path(export_dir) / PLAN_FILE
     if not path.exists():
-        from data.errors import BadInput
+        from stagewise.data.errors import BadInput
 
         raise BadInput(f"{export_dir}: not a stagewise quantized export (no {PLAN_FILE})")
     return json.loads(path.read_text(encoding="utf-8"))
@@ -115,8 +115,8 @@ def load_quantized(export_dir: str | Path, device: str = "cpu") -> torch.nn.Modu
     from safetensors.torch import load_file
     from transformers import AutoConfig, NemotronHForCausalLM
 
-    from model.build import ARCHITECTURES
-    from quant.formats import plan_config
+    from stagewise.model.build import ARCHITECTURES
+    from stagewise.quant.formats import plan_config
 
     export_dir = Path(export_dir)
     formats = read_plan(export_dir)["formats"]
@@ -131,7 +131,7 @@ def load_quantized(export_dir: str | Path, device: str = "cpu") -> torch.nn.Modu
     state = _stack_experts(_weights(tensors))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if not k.endswith("lm_head.weight") or not config.tie_word_embeddings]:
-        from data.errors import BadInput
+        from stagewise.data.errors import BadInput
 
         raise BadInput(f"{export_dir}: the weights do not fit its config.json (missing {missing[:5]}, "
                        f"unexpected {unexpected[:5]})")

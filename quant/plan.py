@@ -25,10 +25,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from data.errors import BadInput
-from quant.config import QuantizeConfig
-from quant.formats import BITS, search_formats
-from quant.operators import NOT_OPERATORS, Operator, group_of, matches, operators
+from stagewise.data.errors import BadInput
+from stagewise.quant.config import QuantizeConfig
+from stagewise.quant.formats import BITS, search_formats
+from stagewise.quant.operators import NOT_OPERATORS, Operator, group_of, matches, operators
 
 
 @dataclass
@@ -121,7 +121,7 @@ def format_of(recipe: Any) -> str:
 
 def _cost(size: float, fmt: str, kind: str) -> float:
     """An operator's cost in a format: weight bits (size = elements) or compute time (size = FLOPs)."""
-    from quant.flops import format_cost
+    from stagewise.quant.flops import format_cost
 
     return size * BITS[fmt] / 16.0 if kind == "bits" else format_cost(size, fmt)
 
@@ -129,7 +129,7 @@ def _cost(size: float, fmt: str, kind: str) -> float:
 def _knapsack(stats: dict[str, dict], size: Callable[[list[str]], dict[str, float]], kind: str,
               fraction: float) -> dict[str, str]:
     """One format per searched group minimising summed scores under `fraction` of the all-BF16 cost."""
-    from quant.knapsack import solve
+    from stagewise.quant.knapsack import solve
 
     keys = list(stats)
     per_op = size([m for k in keys for m in stats[k]["module_names"]])
@@ -158,7 +158,7 @@ def quantize_with_plan(model: torch.nn.Module, plan: Plan, batches: list[dict[st
     """Insert the plan's quantizers into `model` and calibrate their ranges (amax) on `batches`."""
     import modelopt.torch.quantization as mtq
 
-    from quant.formats import plan_config
+    from stagewise.quant.formats import plan_config
 
     def calibrate(m: torch.nn.Module) -> None:
         with torch.no_grad():

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from quant.formats import BITS
-from quant.operators import Operator
-from quant.plan import Plan, effective_bits
+from stagewise.quant.formats import BITS
+from stagewise.quant.operators import Operator
+from stagewise.quant.plan import Plan, effective_bits
 
 
 def build_report(plan: Plan, ops: list[Operator], flops: dict[str, float], recounted: float,

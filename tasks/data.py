@@ -6,11 +6,11 @@ from pathlib import Path
 
 from prefect import task
 
-from data.config import DataConfig, TokenizerConfig
-from tasks.refs import PreparedRef
-from tasks.steps import cached
-from tasks.tracking import Tracker
-from tasks.policy import retrying, run_logger
+from stagewise.data.config import DataConfig, TokenizerConfig
+from stagewise.store.refs import PreparedRef
+from stagewise.store.steps import cached
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.policy import retrying, run_logger
 
 
 @task(**retrying("prepare-data"))
@@ -27,7 +27,7 @@ def prepare_data_task(
 
     Returns a PreparedRef, or a Cached state holding it when the digest's directory was reused
     (unwrap with tasks.steps.value_of)."""
-    from data.prepare import prepare_data
+    from stagewise.data.prepare import prepare_data
 
     prepared = prepare_data(data, tokenizer, Path(workdir), seed, base_dir=Path(base_dir))
     logger = run_logger()

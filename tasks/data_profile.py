@@ -22,12 +22,12 @@ from typing import Any
 
 from prefect import task
 
-from data.profile import PROFILE_VERSION, DataProfile
-from data.sft_config import CurateConfig, SFTDataSource
-from tasks.policy import retrying, run_logger
-from tasks.sft_data import CuratedRef, tokenizer_digest
-from tasks.steps import cached, step_dir
-from tasks.tracking import Tracker
+from stagewise.data.profile import PROFILE_VERSION, DataProfile
+from stagewise.data.sft_config import CurateConfig, SFTDataSource
+from stagewise.tasks.policy import retrying, run_logger
+from stagewise.tasks.sft_data import CuratedRef, tokenizer_digest
+from stagewise.store.steps import cached, step_dir
+from stagewise.store.tracking import Tracker
 
 PROFILE_JSON, PROFILE_PNG = "profile.json", "profile.png"
 ARTIFACT_DIR = "data_profile"
@@ -37,7 +37,7 @@ def write_profile(out_dir: str | Path, report: DataProfile, stem: str = "profile
     """`<out_dir>/<stem>.json` (the report) and `<stem>.png` (eval.plots.data_profile_plot); returns both paths."""
     import matplotlib.pyplot as plt
 
-    from eval.plots import data_profile_plot
+    from stagewise.eval.plots import data_profile_plot
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,7 +80,7 @@ def _measure(curated: CuratedRef, sources: Sequence[SFTDataSource], substages: S
     """Profile the curated sources into `out`; returns the seconds it took."""
     from transformers import AutoTokenizer
 
-    from data.profile import build_profile, profile_curated
+    from stagewise.data.profile import build_profile, profile_curated
 
     start = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)  # the chat start checkpoint's: it has the template
@@ -96,8 +96,8 @@ def sft_profile_task(curated: CuratedRef, sources: list[SFTDataSource], substage
     """Profile the curated SFT sources once per (curated data, tokenizer, pack sizes); log it to the run.
 
     Returns the profile's directory (a Cached state when it was reused)."""
-    from data.atomic import building
-    from data.profile import pack_limits
+    from stagewise.data.atomic import building
+    from stagewise.data.profile import pack_limits
 
     limits = {s.name: pack_limits(substages, s.domain_name) for s in sources}
     spec = {"limits": limits, "curate": cfg, "version": PROFILE_VERSION}

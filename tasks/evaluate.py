@@ -6,16 +6,16 @@ from pathlib import Path
 
 from prefect import task
 
-from eval.metric_names import HELDOUT_PREFIX, SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX
-from tasks.refs import CheckpointRef, PreparedRef
-from tasks.tracking import Tracker
-from tasks.policy import retrying, run_logger
+from stagewise.eval.metric_names import HELDOUT_PREFIX, SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX
+from stagewise.store.refs import CheckpointRef, PreparedRef
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.policy import retrying, run_logger
 
 
 def val_streams(prepared_root: Path) -> dict:
     """Every source's validation token stream of a prepared data directory (sources without one left out)."""
-    from data.prepare import PreparedData
-    from data.shards import TokenShard
+    from stagewise.data.prepare import PreparedData
+    from stagewise.data.shards import TokenShard
 
     prepared = PreparedData.load(prepared_root)
     return {name: TokenShard.open(src.val).tokens for name, src in prepared.sources.items() if src.val_tokens > 0}
@@ -36,10 +36,10 @@ def validation_task(
 
     Logged as `<prefix>/<name>`; the merge stage scores trained and merged checkpoints with
     prefixes `merge/trained` and `merge/<window>` so they sit side by side in MLflow."""
-    from data.prepare import PreparedData
-    from data.stats import unigram_cross_entropy
-    from eval.validation import validation_loss
-    from model.build import load_model
+    from stagewise.data.prepare import PreparedData
+    from stagewise.data.stats import unigram_cross_entropy
+    from stagewise.eval.validation import validation_loss
+    from stagewise.model.build import load_model
 
     model = load_model(Path(checkpoint.path), device=device)
     metrics = validation_loss(model, val_streams(Path(prepared.root)), seq_length, max_tokens, device=device)
@@ -57,7 +57,7 @@ def validation_task(
 @task(**retrying("stage-report"))
 def loss_report_task(tracker: Tracker, run_id: str, stage: str) -> None:
     """Plot training and validation loss over tokens and log it as a PNG artifact."""
-    from eval.plots import loss_curves
+    from stagewise.eval.plots import loss_curves
 
     client = tracker.client()
     series = {}
@@ -82,7 +82,7 @@ def suite_task(
     of every stage. Logs `<prefix>/<task>/<metric>` at the checkpoint's step and lm-eval's
     full results as `<prefix>/results_step<step>.json`; the merge stage passes `merge/trained`
     and `merge/<window>` so trained and merged checkpoints sit side by side."""
-    from eval.harness import run_checkpoint
+    from stagewise.eval.harness import run_checkpoint
 
     result = run_checkpoint(Path(checkpoint.path), tasks, limit=limit, device=device)
     metrics = {f"{prefix}/{k}": v for k, v in result.metrics.items()}
@@ -97,7 +97,7 @@ def suite_task(
 @task(**retrying("gate"))
 def gate_task(gate, tracker: Tracker, run_id: str, tokens_seen: int, budget_exhausted: bool) -> dict:
     """Ask the gate, from the metrics as MLflow holds them; log the decision and its evidence."""
-    from eval.gates import check_metrics, decide
+    from stagewise.eval.gates import check_metrics, decide
 
     check_metrics(gate, tracker.metric_names(run_id))
     decision = decide(gate, tracker.metric_histories(run_id, gate.metrics()),
@@ -123,8 +123,8 @@ def heldout_task(
     logged as `eval/sft_heldout/<metric>` at the checkpoint's step."""
     from transformers import AutoTokenizer
 
-    from eval.heldout import heldout_answers, heldout_loss, read_conversations
-    from model.build import load_model
+    from stagewise.eval.heldout import heldout_answers, heldout_loss, read_conversations
+    from stagewise.model.build import load_model
 
     model = load_model(Path(checkpoint.path), device=device)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.path)

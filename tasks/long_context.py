@@ -6,18 +6,18 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from data.long_context_config import DocQAConfig
-from tasks.refs import CheckpointRef
-from tasks.steps import cached, file_hash, step_dir
-from tasks.tracking import Tracker
-from tasks.policy import retrying
+from stagewise.data.long_context_config import DocQAConfig
+from stagewise.store.refs import CheckpointRef
+from stagewise.store.steps import cached, file_hash, step_dir
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.policy import retrying
 
 
 @task(**retrying("prepare-doc-qa"))
 def doc_qa_task(tokenizer_dir: str, cfg: DocQAConfig, seed: int, workdir: str):
     """Document-QA train/val shards under `<workdir>/data/doc_qa-<hash>`: {"train": dir, "val": dir},
     or a Cached state holding them when the step was reused (unwrap with tasks.steps.value_of)."""
-    from data.long_context import prepare_doc_qa
+    from stagewise.data.long_context import prepare_doc_qa
     from transformers import AutoTokenizer
 
     tok_files = sorted(p for p in Path(tokenizer_dir).glob("tokenizer*.json"))
@@ -46,9 +46,9 @@ def needle_task(
 
     `at` overrides the (step, tokens) the metrics are logged at (the start model of a stage is
     logged at 0, whatever its own step was in the stage that made it)."""
-    from data.shards import TokenShard
-    from eval.needle import needle_eval
-    from model.build import load_model
+    from stagewise.data.shards import TokenShard
+    from stagewise.eval.needle import needle_eval
+    from stagewise.model.build import load_model
     from transformers import AutoTokenizer
 
     model = load_model(Path(checkpoint.path), device=device)

@@ -7,14 +7,14 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.evaluate import suite_task, validation_task
-from tasks.refs import CheckpointRef, PreparedRef
-from tasks.tracking import Tracker
-from tasks.policy import retrying, run_logger
+from stagewise.tasks.evaluate import suite_task, validation_task
+from stagewise.store.refs import CheckpointRef, PreparedRef
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.policy import retrying, run_logger
 
 
 def _ref(path: Path) -> CheckpointRef:
-    from model.checkpoint import read_meta
+    from stagewise.model.checkpoint import read_meta
 
     meta = read_meta(path)
     return CheckpointRef(path=str(path), step=meta.step, tokens_seen=meta.tokens_seen, sha256=meta.weight_sha256 or "")
@@ -45,7 +45,7 @@ def merge_at_checkpoint_task(
     of every stage), logged as `merge/trained/...` and `merge/<window>/...` at the step of
     `end`. Returns {"trained": loss, "merges": {window: (loss, path)}}; merged checkpoints are
     written under `out_root/<step>-w<window>` (the caller keeps only the best)."""
-    from model.merge import merge_checkpoints, merge_coefficients, select_window
+    from stagewise.model.merge import merge_checkpoints, merge_coefficients, select_window
 
     logger = run_logger()
     trained = _ref(Path(end))

@@ -8,7 +8,7 @@
 - Results are small references (paths, digests, metric dicts, never tensors), persisted so a
   run can be inspected and retried from the Prefect UI.
 - Prefect's own cache is off (NO_CACHE): reuse is decided by content-addressed directories
-  (tasks/steps.py), and a reused step reports itself as Cached with the step hash as its key.
+  (store/steps.py), and a reused step reports itself as Cached with the step hash as its key.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from prefect.cache_policies import NO_CACHE
 
-from tasks.retry import retry_if_transient
+from stagewise.store.retry import retry_if_transient
 
 RETRY_DELAYS_S = [2, 10, 30]
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from prefect import task
 
-from quant.config import QuantizeConfig
-from tasks.policy import retrying, run_logger
+from stagewise.quant.config import QuantizeConfig
+from stagewise.tasks.policy import retrying, run_logger
 
 
 @dataclass
@@ -39,8 +39,8 @@ class Scoring:
 def score_model(model: torch.nn.Module, tokenizer: Any, scoring: Scoring, device: str) -> dict[str, float]:
     """`validation/loss`, `heldout/exact_match` (+ format match, per domain), `heldout/loss` (the
     assistant tokens' loss: the smoothest of these, so the one that ranks budgets) and the suite's `<task>/<metric>`."""
-    from eval.heldout import heldout_answers, heldout_loss
-    from eval.validation import validation_loss
+    from stagewise.eval.heldout import heldout_answers, heldout_loss
+    from stagewise.eval.validation import validation_loss
 
     out: dict[str, float] = {}
     if scoring.streams:
@@ -53,7 +53,7 @@ def score_model(model: torch.nn.Module, tokenizer: Any, scoring: Scoring, device
         if loss:
             out["heldout/loss"] = loss["loss"]
     if scoring.suite:
-        from eval.harness import run_tasks
+        from stagewise.eval.harness import run_tasks
 
         out |= run_tasks(model, tokenizer, scoring.suite, limit=scoring.suite_limit, device=device).metrics
     return out
@@ -69,13 +69,13 @@ def quantize_checkpoint(source: str, cfg: QuantizeConfig, batches: list[dict], s
 
     from transformers import AutoTokenizer
 
-    from model.build import load_model
-    from quant.export import export_checkpoint, recounted_effective_bits
-    from quant.flops import operator_flops
-    from quant.load import load_quantized
-    from quant.operators import operators
-    from quant.plan import copy_model, quantize_with_plan, search_plan, ultra_plan
-    from quant.report import build_report
+    from stagewise.model.build import load_model
+    from stagewise.quant.export import export_checkpoint, recounted_effective_bits
+    from stagewise.quant.flops import operator_flops
+    from stagewise.quant.load import load_quantized
+    from stagewise.quant.operators import operators
+    from stagewise.quant.plan import copy_model, quantize_with_plan, search_plan, ultra_plan
+    from stagewise.quant.report import build_report
 
     log, seconds = run_logger(), {}
     tokenizer = AutoTokenizer.from_pretrained(source)

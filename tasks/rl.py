@@ -27,14 +27,14 @@ from typing import Any
 
 from prefect import task
 
-from data.rl_rows import RLRow
-from eval.environments import get_environment
-from eval.heldout import end_ids
-from eval.rewards import group_rewards
-from tasks.policy import once, retrying, run_logger
-from tasks.refs import CheckpointRef
-from tasks.steps import cached, step_hash
-from tasks.tracking import Tracker
+from stagewise.data.rl_rows import RLRow
+from stagewise.eval.environments import get_environment
+from stagewise.eval.heldout import end_ids
+from stagewise.eval.rewards import group_rewards
+from stagewise.tasks.policy import once, retrying, run_logger
+from stagewise.store.refs import CheckpointRef
+from stagewise.store.steps import cached, step_hash
+from stagewise.store.tracking import Tracker
 
 RL_DATA_VERSION = 1
 RL_OBJECTIVE_METRICS = ("pg_loss", "clip_fraction", "is_masked_fraction", "kl", "entropy", "ratio_mean")
@@ -55,8 +55,8 @@ class TaskRow:
 @task(**retrying("rl-world"))
 def rl_world_task(world, entities: int, seed: int, workdir: str) -> str:
     """Write the demo world's RL rows once per (settings, seed); returns the directory."""
-    from data.atomic import building
-    from data.world.rl_rows import generate_rl_world
+    from stagewise.data.atomic import building
+    from stagewise.data.world.rl_rows import generate_rl_world
 
     key = step_hash("rl_world", {"world": world, "entities": entities, "seed": seed, "version": RL_DATA_VERSION})
     out = Path(workdir) / "rl_world" / key
@@ -72,9 +72,9 @@ def rl_world_task(world, entities: int, seed: int, workdir: str) -> str:
 def load_tasks(path: Path, name: str, domain: str | None, environment: str | None,
                on_bad_line: str = "error") -> list[TaskRow]:
     """Rows of one file with domain (source > row > name) and environment (source > row) resolved."""
-    from data.errors import BadInput
-    from data.rl_rows import read_rows
-    from eval.environments import get_environment
+    from stagewise.data.errors import BadInput
+    from stagewise.data.rl_rows import read_rows
+    from stagewise.eval.environments import get_environment
 
     out = []
     for i, row in enumerate(read_rows(path, on_bad_line=on_bad_line), start=1):
@@ -94,8 +94,8 @@ class RLWiring:
     """What rollouts, profile and evaluation share: the tokenizer, prompts and the reward function."""
 
     def __init__(self, tokenizer: Any, rows: list[TaskRow], rewards, reasoning: bool):
-        from data.rl_rows import prompt_messages
-        from model.rl_batches import Prompt
+        from stagewise.data.rl_rows import prompt_messages
+        from stagewise.model.rl_batches import Prompt
 
         self.tokenizer, self.rewards = tokenizer, rewards
         self.end = set(end_ids(tokenizer)) | ({tokenizer.pad_token_id} if tokenizer.pad_token_id is not None else set())
@@ -142,7 +142,7 @@ def profile_task(out_dir: str, generator, wiring: RLWiring, ids: list[str], samp
 
     The file is written before training starts, so a resumed run reads the very profile the
     interrupted one trained with (its curriculum depends on it)."""
-    from model.rl_batches import pass_rates
+    from stagewise.model.rl_batches import pass_rates
 
     path = Path(out_dir) / "profile.json"
     if path.is_file():
@@ -160,7 +160,7 @@ def profile_task(out_dir: str, generator, wiring: RLWiring, ids: list[str], samp
 
 
 def _log_profile(rates: dict[str, float], wiring: RLWiring, samples: int, tracker: Tracker, run_id: str) -> None:
-    from eval.plots import pass_rate_histogram
+    from stagewise.eval.plots import pass_rate_histogram
 
     per: dict[str, list[float]] = {}
     for pid, rate in rates.items():
@@ -214,7 +214,7 @@ def heldout_eval_task(generator, wiring: RLWiring, ids: list[str], samples: int,
 
 def _heldout_scores(generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
                     temperature: float, seed: int) -> dict[str, dict[str, float]]:
-    from model.rl_batches import pass_rates
+    from stagewise.model.rl_batches import pass_rates
 
     prompts = [wiring.prompts[i] for i in ids]
     sampled = by_domain(pass_rates(generator, prompts, wiring.score, samples, max_new_tokens, temperature, seed),
@@ -226,7 +226,7 @@ def _heldout_scores(generator, wiring: RLWiring, ids: list[str], samples: int, m
 @task(**once("rl-train"))
 def rl_train_task(trainer, batches, resume_from: str | None, tracker: Tracker, run_id: str) -> CheckpointRef:
     """Train GRPO steps until the stage's budget (from `resume_from` when given); save; return the checkpoint."""
-    from model.checkpoint import read_meta
+    from stagewise.model.checkpoint import read_meta
 
     logger = run_logger()
     with trainer:

@@ -24,12 +24,12 @@ from pathlib import Path
 from prefect import task
 from pydantic import BaseModel
 
-from data.sft_assembly import IM_END, SFTDataError, chat_eos, keep_previous, realised_mixture  # noqa: F401 (re-exported)
-from data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
-from tasks.refs import CheckpointRef
-from tasks.steps import cached, step_dir, step_hash
-from tasks.tracking import Tracker
-from tasks.policy import retrying, run_logger
+from stagewise.data.sft_assembly import IM_END, SFTDataError, chat_eos, keep_previous, realised_mixture  # noqa: F401 (re-exported)
+from stagewise.data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
+from stagewise.store.refs import CheckpointRef
+from stagewise.store.steps import cached, step_dir, step_hash
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.policy import retrying, run_logger
 
 SFT_DATA_VERSION = 4
 """Bump when the way SFT data is generated, curated, sampled or packed changes (new directories)."""
@@ -61,21 +61,21 @@ class PackedRef(BaseModel):
 # --------------------------------------------------------------------------- pure helpers
 
 def file_digest(path: str | Path) -> str:
-    from data.digest import file_sha256
+    from stagewise.data.digest import file_sha256
 
     return file_sha256(Path(path))
 
 
 def tokenizer_digest(tokenizer_dir: str | Path) -> str:
     """A hash of the files that decide how the tokenizer tokenizes (what a step over its tokens depends on)."""
-    from data.sft_assembly import tokenizer_files
+    from stagewise.data.sft_assembly import tokenizer_files
 
     return step_hash("tokenizer", [file_digest(p) for p in tokenizer_files(tokenizer_dir)])
 
 
 def resolve(path: str, base_dir: str | Path, world_dir: str | Path | None) -> Path:
     """`@world/x` -> the SFT world's x; relative -> next to the recipe; absolute unchanged."""
-    from data.sources import resolve_path
+    from stagewise.data.sources import resolve_path
 
     return resolve_path(path, Path(base_dir), Path(world_dir) if world_dir else None)
 
@@ -91,8 +91,8 @@ def pack_seed(seed: int, index: int) -> int:
 @task(**retrying("sft-world"))
 def sft_world_task(world: SFTWorldConfig, entities: int, seed: int, workdir: str) -> str:
     """Generate the demo world's SFT conversations once per (settings, seed); returns the directory."""
-    from data.atomic import building
-    from data.world.conversations import generate_sft_world
+    from stagewise.data.atomic import building
+    from stagewise.data.world.conversations import generate_sft_world
 
     key = step_hash("sft_world", {"world": world, "entities": entities, "seed": seed, "version": SFT_DATA_VERSION})
     out = Path(workdir) / "sft_world" / key
@@ -111,9 +111,9 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
 
     A source above its max_reject_rate raises CurationError (the stage stops; its rejects
     file says why line by line)."""
-    from data.atomic import building
-    from data.curate import CurationError
-    from data.sft_assembly import curate_sources, failed_rejects
+    from stagewise.data.atomic import building
+    from stagewise.data.curate import CurationError
+    from stagewise.data.sft_assembly import curate_sources, failed_rejects
 
     paths = {s.name: resolve(s.path, base_dir, world_dir) for s in sources}
     missing = [f"{s.name}: {paths[s.name]}" for s in sources if not paths[s.name].is_file()]
@@ -151,7 +151,7 @@ def _log_curation(summary: dict, root: Path, tracker: Tracker | None, run_id: st
                         f"sft/curate/{name}/reject_rate": r["reject_rate"]})
         metrics.update({f"sft/curate/{name}/{reason}": n for reason, n in r["rejected"].items()})
     tracker.log_metrics(run_id, [(0, 0, metrics)])
-    from eval.plots import reject_reasons_plot
+    from stagewise.eval.plots import reject_reasons_plot
 
     tracker.log_json(run_id, summary, "curation/summary.json")
     for name in summary:
@@ -171,9 +171,9 @@ def sft_start_task(checkpoint: str, workdir: str) -> CheckpointRef:
     A copy (weights hard-linked when the filesystem allows) under
     `<workdir>/sft_data/start-<weights sha>`: the pretrain stage's own checkpoint is never
     edited. Every SFT checkpoint copies this tokenizer and generation config."""
-    from data.atomic import building
-    from data.sft_assembly import make_chat_start
-    from model.checkpoint import META_FILE, read_meta, weights_sha256
+    from stagewise.data.atomic import building
+    from stagewise.data.sft_assembly import make_chat_start
+    from stagewise.model.checkpoint import META_FILE, read_meta, weights_sha256
 
     src = Path(checkpoint)
     if not (src / "config.json").is_file():
@@ -195,8 +195,8 @@ def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | 
                     seed: int, workdir: str, tracker: Tracker | None = None, run_id: str | None = None) -> PackedRef:
     """Sample sub-stage `sub`'s blend (+ its keep_previous share of `previous`), render with the
     chat template and best-fit pack into rows of sub.seq_length tokens; log the report and mixture."""
-    from data.atomic import building
-    from data.sft_assembly import blend_and_pack, check_enough_packs
+    from stagewise.data.atomic import building
+    from stagewise.data.sft_assembly import blend_and_pack, check_enough_packs
 
     tok_digest = tokenizer_digest(tokenizer_dir)
     spec = {"blend": sub.blend, "keep_previous": sub.keep_previous, "seq_length": sub.seq_length, "seed": seed,

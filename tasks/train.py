@@ -15,12 +15,12 @@ from typing import Annotated, Literal, Union
 from prefect import get_run_logger, task
 from pydantic import BaseModel, Field
 
-from data.config import PhaseConfig
-from data.long_context_config import LongContextDataConfig
-from model.config import LoRAConfig, ModelConfig, TrainConfig
-from tasks.refs import CheckpointRef, PreparedRef
-from tasks.tracking import Tracker
-from tasks.policy import once
+from stagewise.data.config import PhaseConfig
+from stagewise.data.long_context_config import LongContextDataConfig
+from stagewise.model.config import LoRAConfig, ModelConfig, TrainConfig
+from stagewise.store.refs import CheckpointRef, PreparedRef
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.policy import once
 
 
 class ShardData(BaseModel):
@@ -72,7 +72,7 @@ class TrainSpec(BaseModel):
 def tokenizer_dir(spec: TrainSpec) -> Path:
     """Where the stage's tokenizer lives (copied into every checkpoint)."""
     if isinstance(spec.data, ShardData):
-        from data.prepare import PreparedData
+        from stagewise.data.prepare import PreparedData
 
         return Path(PreparedData.load(Path(spec.data.prepared.root)).tokenizer_dir)
     return Path(spec.data.tokenizer_dir)
@@ -80,20 +80,20 @@ def tokenizer_dir(spec: TrainSpec) -> Path:
 
 def _batches(spec: TrainSpec, on_warning):
     if isinstance(spec.data, ShardData):
-        from data.loader import PretrainBatches
-        from data.prepare import PreparedData
+        from stagewise.data.loader import PretrainBatches
+        from stagewise.data.prepare import PreparedData
 
         prepared = PreparedData.load(Path(spec.data.prepared.root))
         t = spec.train
         return PretrainBatches(prepared, spec.data.phases, spec.data.max_epochs, t.seq_length, t.global_batch,
                                t.tokens, spec.seed, on_warning=on_warning)
     if isinstance(spec.data, LongContextData):
-        from data.long_context import LongContextBatches
-        from data.shards import TokenShard
+        from stagewise.data.long_context import LongContextBatches
+        from stagewise.data.shards import TokenShard
 
         shards = {name: TokenShard.open(Path(path)) for name, path in spec.data.shards.items()}
         return LongContextBatches(shards, spec.data.config, spec.data.blend, spec.seed)
-    from data.sft_data import PackedBatches, load_packed
+    from stagewise.data.sft_data import PackedBatches, load_packed
 
     return PackedBatches(load_packed(spec.data.rows), spec.train.global_batch, seed=spec.seed,
                          max_epochs=spec.data.max_epochs)
@@ -101,18 +101,18 @@ def _batches(spec: TrainSpec, on_warning):
 
 def _objective(spec: TrainSpec):
     if spec.objective == "lm":
-        from model.objectives.lm import LMObjective
+        from stagewise.model.objectives.lm import LMObjective
 
         return LMObjective(spec.train.lb_loss_coeff)
-    from model.objectives.sft import SFTObjective
+    from stagewise.model.objectives.sft import SFTObjective
 
     return SFTObjective(spec.objective.removeprefix("sft_"), spec.train.lb_loss_coeff)
 
 
 def build_trainer(spec: TrainSpec, log=None, on_warning=None, progress: bool = True):
     """The stage's Trainer and its batch source, fresh (call `.resume(ckpt)` to continue)."""
-    from model.build import build_model
-    from model.engine import Trainer
+    from stagewise.model.build import build_model
+    from stagewise.model.engine import Trainer
     from transformers import AutoTokenizer
 
     tok_dir = tokenizer_dir(spec)
@@ -121,7 +121,7 @@ def build_trainer(spec: TrainSpec, log=None, on_warning=None, progress: bool = T
     batches = _batches(spec, on_warning)
     trainer_class = Trainer
     if spec.lora is not None:
-        from model.lora import apply_lora, lora_trainer_class
+        from stagewise.model.lora import apply_lora, lora_trainer_class
 
         model = apply_lora(model, spec.lora.r, spec.lora.alpha, spec.lora.target_modules, spec.lora.dropout,
                            seed=spec.seed)
@@ -161,7 +161,7 @@ def train_task(
         tracker.log_metrics(run_id, [(result.step, result.tokens_seen, realized)])
     if result.stop_reason == "data_exhausted":
         logger.warning("%s: the data ran out at %d tokens (every source hit its epoch cap)", spec.stage, result.tokens_seen)
-    from model.checkpoint import read_meta
+    from stagewise.model.checkpoint import read_meta
 
     meta = read_meta(result.checkpoint)
     return CheckpointRef(path=str(result.checkpoint), step=result.step, tokens_seen=result.tokens_seen,

@@ -10,19 +10,44 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
+import json  # noqa: E402
+
 import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """A randomly initialised `tiny` model and its BPE tokenizer saved as an HF directory (CLI, eval tests)."""
-    from data.tokenizer import train_bpe
-    from data.world.arithmetic import arithmetic_texts
-    from model.build import build_model
-    from model.config import ModelConfig
+    from stagewise.data.tokenizer import train_bpe
+    from stagewise.data.world.arithmetic import arithmetic_texts
+    from stagewise.model.build import build_model
+    from stagewise.model.config import ModelConfig
 
     path = tmp_path_factory.mktemp("ckpt")
     tok = train_bpe(arithmetic_texts(50, 0), 300)
     build_model(ModelConfig(preset="tiny"), len(tok), seed=0).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer_dir(tmp_path_factory):
+    """A saved byte-level BPE (600 tokens, trained on demo-world conversations) with the
+    special tokens of data/tokenizer.py and data/templates/chat.jinja installed."""
+    from stagewise.data.chat import install_chat_template
+    from stagewise.data.tokenizer import train_bpe
+    from stagewise.data.world.conversations import DOMAINS, domain_conversations
+
+    texts = [json.dumps(c) for d in DOMAINS if d != "long_context" for c in domain_conversations(d, 30, 0, 200)]
+    tok = install_chat_template(train_bpe(texts, 600))
+    out = tmp_path_factory.mktemp("chat_tokenizer")
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer(chat_tokenizer_dir):
+    """The tokenizer of chat_tokenizer_dir, loaded back with AutoTokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(chat_tokenizer_dir)

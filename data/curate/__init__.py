@@ -8,7 +8,7 @@ One file per check family (structural.py, repetition.py, dedup.py + minhash.py,
 length.py); pipeline.py runs them in order.
 """
 
-from data.curate.pipeline import CHECKS, CurateReport, CurationError, curate
-from data.curate.structural import Rejected
+from stagewise.data.curate.pipeline import CHECKS, CurateReport, CurationError, curate
+from stagewise.data.curate.structural import Rejected
 
 __all__ = ["CHECKS", "CurateReport", "CurationError", "Rejected", "curate"]

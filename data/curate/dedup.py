@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from data.curate.minhash import LSHIndex, MinHasher, jaccard_estimate, optimal_bands, shingle_hashes
-from data.curate.structural import Rejected
-from data.curate.text import normalise, words
+from stagewise.data.curate.minhash import LSHIndex, MinHasher, jaccard_estimate, optimal_bands, shingle_hashes
+from stagewise.data.curate.structural import Rejected
+from stagewise.data.curate.text import normalise, words
 
 
 class ExactDedup:

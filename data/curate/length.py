@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from data.curate.structural import Rejected
-from data.curate.text import conversation_text
-from data.sft_config import CurateConfig
+from stagewise.data.curate.structural import Rejected
+from stagewise.data.curate.text import conversation_text
+from stagewise.data.sft_config import CurateConfig
 
 
 def token_count(conv: dict, tokenizer: Any) -> int:
     """Tokens of the rendered conversation (template when present, else the plain text)."""
     if getattr(tokenizer, "chat_template", None):
-        from data.chat import render
+        from stagewise.data.chat import render
 
         return len(render(conv, tokenizer)[0])
     return len(tokenizer.encode(conversation_text(conv), add_special_tokens=False))

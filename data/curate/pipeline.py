@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data.curate.dedup import ExactDedup, NearDedup
-from data.curate.length import check_length
-from data.curate.repetition import check_repetition
-from data.curate.structural import Rejected, check_structure, parse_line
-from data.curate.text import conversation_text
-from data.sft_config import CurateConfig
+from stagewise.data.curate.dedup import ExactDedup, NearDedup
+from stagewise.data.curate.length import check_length
+from stagewise.data.curate.repetition import check_repetition
+from stagewise.data.curate.structural import Rejected, check_structure, parse_line
+from stagewise.data.curate.text import conversation_text
+from stagewise.data.sft_config import CurateConfig
 
 CHECKS = ("structure", "length", "repetition", "exact_dedup", "near_dedup")
 

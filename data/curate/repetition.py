@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from data.curate.structural import Rejected
-from data.curate.text import assistant_text, words
-from data.sft_config import CurateConfig
+from stagewise.data.curate.structural import Rejected
+from stagewise.data.curate.text import assistant_text, words
+from stagewise.data.sft_config import CurateConfig
 
 
 def ngram_positions(tokens: list[str], n: int) -> dict[tuple[str, ...], list[int]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 
-from data.chat import ROLES
+from stagewise.data.chat import ROLES
 
 
 class Rejected(Exception):

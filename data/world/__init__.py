@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from data.config import WorldConfig
-from data.world._common import rng_for, write_jsonl
-from data.world.arithmetic import Problem, arithmetic_texts, make_problem, render_problem
-from data.world.facts import Entity, fact_texts, make_entities, render_entity
-from data.world.noisy import noisy_texts
-from data.world.retrieval import RetrievalDoc, make_retrieval, render_retrieval, retrieval_texts
-from data.world.stdlib import stdlib_texts
+from stagewise.data.config import WorldConfig
+from stagewise.data.world._common import rng_for, write_jsonl
+from stagewise.data.world.arithmetic import Problem, arithmetic_texts, make_problem, render_problem
+from stagewise.data.world.facts import Entity, fact_texts, make_entities, render_entity
+from stagewise.data.world.noisy import noisy_texts
+from stagewise.data.world.retrieval import RetrievalDoc, make_retrieval, render_retrieval, retrieval_texts
+from stagewise.data.world.stdlib import stdlib_texts
 
 WORLD_VERSION = 1
 """Bump when a generator's output changes, so cached worlds and prepared data are rebuilt."""

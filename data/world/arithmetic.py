@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from data.world._common import rng_for
+from stagewise.data.world._common import rng_for
 
 PLACES = ["ones", "tens", "hundreds", "thousands", "ten thousands", "hundred thousands",
           "millions", "ten millions", "hundred millions"]

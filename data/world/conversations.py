@@ -23,12 +23,12 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from data.chat import prompt_key, unit_hash
-from data.world._common import rng_for
-from data.world.arithmetic import make_small_problem
-from data.world.calculator import TOOL, evaluate, random_expression
-from data.world.facts import COLOURS, SYMBOLS, Entity, make_entities
-from data.world.retrieval import WORDS, make_retrieval
+from stagewise.data.chat import prompt_key, unit_hash
+from stagewise.data.world._common import rng_for
+from stagewise.data.world.arithmetic import make_small_problem
+from stagewise.data.world.calculator import TOOL, evaluate, random_expression
+from stagewise.data.world.facts import COLOURS, SYMBOLS, Entity, make_entities
+from stagewise.data.world.retrieval import WORDS, make_retrieval
 
 DOMAINS = ("arithmetic", "calculator", "sorting", "lookup", "format", "long_context")
 SYSTEM = "You are a careful assistant. Answer exactly what is asked."

@@ -15,8 +15,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from data.world._common import rng_for
-from data.world.facts import Entity, make_entities, render_entity
+from stagewise.data.world._common import rng_for
+from stagewise.data.world.facts import Entity, make_entities, render_entity
 
 QUESTIONS: dict[str, tuple[str, str]] = {
     "founded": ("In which year was {name} founded?", "{founded}"),

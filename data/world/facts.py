@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from data.world._common import rng_for
+from stagewise.data.world._common import rng_for
 
 KINDS = ["town", "city", "village", "harbour", "guild", "monastery", "observatory",
          "university", "trading company", "island"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 import string
 
-from data.world._common import rng_for
-from data.world.facts import make_entities, render_entity
+from stagewise.data.world._common import rng_for
+from stagewise.data.world.facts import make_entities, render_entity
 
 BOILERPLATE = [
     "Home | About | Contact | Privacy Policy | Terms of Use",

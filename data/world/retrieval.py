@@ -11,7 +11,7 @@ import random
 import string
 from dataclasses import dataclass
 
-from data.world._common import rng_for
+from stagewise.data.world._common import rng_for
 
 WORDS = ["amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "iris",
          "juniper", "kelp", "lumen", "marble", "nectar", "onyx", "pepper", "quartz", "russet",

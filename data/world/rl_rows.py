@@ -25,11 +25,11 @@ import json
 import re
 from pathlib import Path
 
-from data.chat import unit_hash
-from data.rl_rows import RLRow, prompt_key, prompt_messages, write_rows
-from data.world._common import rng_for
-from data.world.conversations import MAKERS
-from data.world.facts import make_entities
+from stagewise.data.chat import unit_hash
+from stagewise.data.rl_rows import RLRow, prompt_key, prompt_messages, write_rows
+from stagewise.data.world._common import rng_for
+from stagewise.data.world.conversations import MAKERS
+from stagewise.data.world.facts import make_entities
 
 RL_DOMAINS = ("arithmetic", "format", "calculator", "sorting")
 ENVIRONMENTS = {"arithmetic": ("exact_answer",), "format": ("json_answer", "uppercase"), "calculator": ("calculator",),

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from data.errors import BadInput
-from data.rl_rows import RLRow
-from eval.environments import calculator, exact_answer, json_answer, sorting, uppercase
+from stagewise.data.errors import BadInput
+from stagewise.data.rl_rows import RLRow
+from stagewise.eval.environments import calculator, exact_answer, json_answer, sorting, uppercase
 
 Verifier = Callable[[str, RLRow], float | None]
 """Completion text, row -> 1.0 (right) / 0.0 (wrong) / None (the row cannot be judged)."""

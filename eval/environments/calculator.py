@@ -19,9 +19,9 @@ import json
 import re
 from typing import Any
 
-from data.rl_rows import RLRow
-from data.world.calculator import evaluate
-from eval.environments._text import answer_text, as_number
+from stagewise.data.rl_rows import RLRow
+from stagewise.data.world.calculator import evaluate
+from stagewise.eval.environments._text import answer_text, as_number
 
 MAX_CHARS = 200
 MAX_POWERS = 2

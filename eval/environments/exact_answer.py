@@ -7,8 +7,8 @@ wrong, because the demo tasks ask for the answer alone.
 
 from __future__ import annotations
 
-from data.rl_rows import RLRow
-from eval.environments._text import answer_text, as_number, same_answer
+from stagewise.data.rl_rows import RLRow
+from stagewise.eval.environments._text import answer_text, as_number, same_answer
 
 
 def verify(completion: str, row: RLRow) -> float | None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from data.rl_rows import RLRow
-from eval.environments._text import answer_text, same_answer
+from stagewise.data.rl_rows import RLRow
+from stagewise.eval.environments._text import answer_text, same_answer
 
 _MISSING = object()
 

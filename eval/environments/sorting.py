@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from data.rl_rows import RLRow
-from eval.environments._text import answer_text, same_answer
+from stagewise.data.rl_rows import RLRow
+from stagewise.eval.environments._text import answer_text, same_answer
 
 
 def _items(value: Any) -> list[Any] | None:

@@ -7,8 +7,8 @@ of whitespace counting as one space. Case is the point of the task, so it is not
 
 from __future__ import annotations
 
-from data.rl_rows import RLRow
-from eval.environments._text import answer_text
+from stagewise.data.rl_rows import RLRow
+from stagewise.eval.environments._text import answer_text
 
 
 def _words(text: str) -> str:

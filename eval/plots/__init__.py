@@ -14,15 +14,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from eval.plots.ablation import ablation_plot  # noqa: E402
-from eval.plots.compare import before_after_plot, stage_summary_plot  # noqa: E402
-from eval.plots.curation import reject_reasons_plot  # noqa: E402
-from eval.plots.data_profile import data_profile_plot  # noqa: E402
-from eval.plots.distill import distill_plot  # noqa: E402
-from eval.plots.kinds import metric_kind  # noqa: E402
-from eval.plots.quant import quant_formats_plot  # noqa: E402
-from eval.plots.rl import pass_rate_histogram, rl_training_plot  # noqa: E402
-from eval.plots.training import cutoff_plot, loss_curves, merge_curves  # noqa: E402
+from stagewise.eval.plots.ablation import ablation_plot  # noqa: E402
+from stagewise.eval.plots.compare import before_after_plot, stage_summary_plot  # noqa: E402
+from stagewise.eval.plots.curation import reject_reasons_plot  # noqa: E402
+from stagewise.eval.plots.data_profile import data_profile_plot  # noqa: E402
+from stagewise.eval.plots.distill import distill_plot  # noqa: E402
+from stagewise.eval.plots.kinds import metric_kind  # noqa: E402
+from stagewise.eval.plots.quant import quant_formats_plot  # noqa: E402
+from stagewise.eval.plots.rl import pass_rate_histogram, rl_training_plot  # noqa: E402
+from stagewise.eval.plots.training import cutoff_plot, loss_curves, merge_curves  # noqa: E402
 
 __all__ = ["ablation_plot", "before_after_plot", "cutoff_plot", "data_profile_plot", "distill_plot", "loss_curves", "merge_curves", "metric_kind", "pass_rate_histogram", "quant_formats_plot", "reject_reasons_plot", "rl_training_plot",
            "stage_summary_plot"]

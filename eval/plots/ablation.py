@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from eval.plots.compare import PANEL_TITLE
-from eval.plots.kinds import AXIS_LABEL
-from eval.plots.marks import fmt, short_labels
+from stagewise.eval.plots.compare import PANEL_TITLE
+from stagewise.eval.plots.kinds import AXIS_LABEL
+from stagewise.eval.plots.marks import fmt, short_labels
 
 
 def _shown(table: dict) -> tuple[dict[str, list[dict]], int]:

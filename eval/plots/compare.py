@@ -10,8 +10,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from eval.plots.kinds import metric_kind, moved, split_by_kind
-from eval.plots.marks import cost_bars, dumbbells, short_labels, slope
+from stagewise.eval.plots.kinds import metric_kind, moved, split_by_kind
+from stagewise.eval.plots.marks import cost_bars, dumbbells, short_labels, slope
 
 PANEL_TITLE = {"rate": "rates", "loss": "losses", "count": "counts (not scores)", "score": "other scores"}
 

@@ -14,7 +14,7 @@ import textwrap
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from data.profile_warnings import DOMAIN_SHARE_MAX, TOOL_SHARE_MAX
+from stagewise.data.profile_warnings import DOMAIN_SHARE_MAX, TOOL_SHARE_MAX
 
 
 def _empty(ax: Axes, title: str, text: str) -> None:

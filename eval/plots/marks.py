@@ -10,7 +10,7 @@ from __future__ import annotations
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter
 
-from eval.plots.kinds import AXIS_LABEL, HIGHER_IS_BETTER, Kind, moved
+from stagewise.eval.plots.kinds import AXIS_LABEL, HIGHER_IS_BETTER, Kind, moved
 
 VERDICT_COLOUR = {1: "tab:green", -1: "tab:red", 0: "tab:grey"}
 BEFORE_COLOUR = "#9a9a9a"

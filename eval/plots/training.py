@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from eval.plots.kinds import AXIS_LABEL, metric_kind
-from eval.plots.marks import fmt
+from stagewise.eval.plots.kinds import AXIS_LABEL, metric_kind
+from stagewise.eval.plots.marks import fmt
 
 
 def loss_curves(series: dict[str, list[tuple[int, float]]], baseline: float | None, title: str):

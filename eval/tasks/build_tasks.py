@@ -20,9 +20,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from data.world._common import rng_for
-from data.world.arithmetic import Problem, make_problem, make_small_problem
-from data.world.retrieval import WORDS, make_retrieval, render_retrieval
+from stagewise.data.world._common import rng_for
+from stagewise.data.world.arithmetic import Problem, make_problem, make_small_problem
+from stagewise.data.world.retrieval import WORDS, make_retrieval, render_retrieval
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 N_ITEMS = 100

@@ -1,7 +1,7 @@
 """Checkpoint merging: which checkpoints (window.py), with which weights (one file per
 method: wsm.py, uniform.py; ordering.py for ablations), merged how (streaming.py).
 
-    from model.merge import merge_coefficients, merge_checkpoints, select_window
+    from stagewise.model.merge import merge_coefficients, merge_checkpoints, select_window
     window = select_window(checkpoints_with_tokens(stage_dir), end=-1, window_tokens=500_000)
     if window.fits:
         coeffs = merge_coefficients(len(window.paths), "minus-sqrt")
@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from model.merge.errors import MergeInputError
-from model.merge.layout import check_compatible, read_layout
-from model.merge.ordering import ORDERINGS, apply_ordering
-from model.merge.streaming import MANIFEST, merge_checkpoints
-from model.merge.uniform import uniform_coefficients
-from model.merge.window import Window, checkpoints_with_tokens, order_by_tokens, select_window
-from model.merge.wsm import cosine, decay_coefficients, linear, minus_sqrt
+from stagewise.model.merge.errors import MergeInputError
+from stagewise.model.merge.layout import check_compatible, read_layout
+from stagewise.model.merge.ordering import ORDERINGS, apply_ordering
+from stagewise.model.merge.streaming import MANIFEST, merge_checkpoints
+from stagewise.model.merge.uniform import uniform_coefficients
+from stagewise.model.merge.window import Window, checkpoints_with_tokens, order_by_tokens, select_window
+from stagewise.model.merge.wsm import cosine, decay_coefficients, linear, minus_sqrt
 
 SCHEDULES: dict[str, Callable[[int], list[float]]] = {
     "minus-sqrt": partial(decay_coefficients, shape=minus_sqrt),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model.merge.errors import MergeInputError
+from stagewise.model.merge.errors import MergeInputError
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from model.merge.errors import MergeInputError
+from stagewise.model.merge.errors import MergeInputError
 
 ORDERINGS = ("sequential", "reversed", "random")
 

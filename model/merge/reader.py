@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from model.merge.layout import TensorInfo
-from model.merge.st_writer import TORCH_DTYPES
+from stagewise.model.merge.layout import TensorInfo
+from stagewise.model.merge.st_writer import TORCH_DTYPES
 
 
 class TensorReader:

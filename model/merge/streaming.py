@@ -37,11 +37,11 @@ from typing import Any
 
 import torch
 
-from model.checkpoint import META_FILE, CheckpointMeta, atomic_dir, weights_sha256
-from model.merge.errors import MergeInputError
-from model.merge.layout import INDEX, WeightLayout, check_compatible
-from model.merge.reader import TensorReader
-from model.merge.st_writer import FLOAT_DTYPES, TORCH_DTYPES, StreamingSafetensorsWriter
+from stagewise.model.checkpoint import META_FILE, CheckpointMeta, atomic_dir, weights_sha256
+from stagewise.model.merge.errors import MergeInputError
+from stagewise.model.merge.layout import INDEX, WeightLayout, check_compatible
+from stagewise.model.merge.reader import TensorReader
+from stagewise.model.merge.st_writer import FLOAT_DTYPES, TORCH_DTYPES, StreamingSafetensorsWriter
 
 MANIFEST = "merge_manifest.json"
 MANIFEST_FORMAT = 1

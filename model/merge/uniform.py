@@ -8,7 +8,7 @@ equal to WSM's `linear` shape, computed directly so it is exact.
 
 from __future__ import annotations
 
-from model.merge.errors import MergeInputError
+from stagewise.model.merge.errors import MergeInputError
 
 
 def uniform_coefficients(n: int) -> list[float]:

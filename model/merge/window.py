@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.merge.errors import MergeInputError
+from stagewise.model.merge.errors import MergeInputError
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def _find_end(ckpts: list[tuple[Path, int]], given: Sequence, end) -> tuple[Path
 
 def checkpoints_with_tokens(stage_dir: str | os.PathLike) -> list[tuple[Path, int]]:
     """(checkpoint, tokens_seen) of every complete checkpoint of a stage, oldest first."""
-    from model.checkpoint import list_checkpoints, read_meta
+    from stagewise.model.checkpoint import list_checkpoints, read_meta
 
     return [(p, read_meta(p).tokens_seen) for p in list_checkpoints(stage_dir)]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from model.merge.errors import MergeInputError
+from stagewise.model.merge.errors import MergeInputError
 
 Shape = Callable[[float], float]
 

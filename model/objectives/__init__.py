@@ -32,8 +32,8 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
-from model.objectives.grpo import GRPOObjective
-from model.objectives.lm import LMObjective
+from stagewise.model.objectives.grpo import GRPOObjective
+from stagewise.model.objectives.lm import LMObjective
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 if TYPE_CHECKING:
-    from model.objectives import LossContext
+    from stagewise.model.objectives import LossContext
 
 
 def add_auxiliary(total: torch.Tensor, metrics: dict[str, torch.Tensor], share: float | torch.Tensor,

@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from model.objectives.auxiliary import add_auxiliary
+from stagewise.model.objectives.auxiliary import add_auxiliary
 
 if TYPE_CHECKING:
-    from model.objectives import LossContext
+    from stagewise.model.objectives import LossContext
 
 REQUIRED = ("input_ids", "response_mask", "advantages", "rollout_logprobs")
 OPTIONAL = ("old_logprobs", "ref_logprobs")

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 import torch.nn.functional as F
 
-from model.objectives.auxiliary import add_auxiliary
+from stagewise.model.objectives.auxiliary import add_auxiliary
 
 if TYPE_CHECKING:
-    from model.objectives import LossContext
+    from stagewise.model.objectives import LossContext
 
 
 class LMObjective:

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Literal, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from model.objectives.auxiliary import add_auxiliary
-from model.packed import causal_lm, packed_hidden
+from stagewise.model.objectives.auxiliary import add_auxiliary
+from stagewise.model.packed import causal_lm, packed_hidden
 
 if TYPE_CHECKING:
-    from model.objectives import LossContext
+    from stagewise.model.objectives import LossContext
 
 IGNORE = -100
 Micro = Mapping[str, torch.Tensor]

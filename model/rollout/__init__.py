@@ -63,15 +63,15 @@ def make_generator(backend: str, policy: torch.nn.Module, end_ids: list[int], pa
     """The named backend: "hf" (in process), "hf-process" (HF in a worker process; options `threads`,
     `batch_rows`) or "vllm" (a vLLM server started as model/rollout/vllm.py says; optional extra)."""
     if backend == "hf":
-        from model.rollout.hf import HFGenerator
+        from stagewise.model.rollout.hf import HFGenerator
 
         return HFGenerator(policy, end_ids, pad_id, **options)
     if backend == "hf-process":
-        from model.rollout.process import ProcessGenerator
+        from stagewise.model.rollout.process import ProcessGenerator
 
         return ProcessGenerator(policy, end_ids, pad_id, **options)
     if backend == "vllm":
-        from model.rollout.vllm import VLLMGenerator
+        from stagewise.model.rollout.vllm import VLLMGenerator
 
         return VLLMGenerator(policy, end_ids, pad_id, **options)
     raise ValueError(f"unknown rollout backend {backend!r}: use hf, hf-process or vllm")

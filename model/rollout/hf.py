@@ -18,7 +18,7 @@ import copy
 
 import torch
 
-from model.rollout import Rollout
+from stagewise.model.rollout import Rollout
 
 
 class _Sampler:
@@ -51,7 +51,7 @@ class HFGenerator:
 
     @torch.no_grad()
     def token_logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        from model.objectives.grpo import token_logprobs
+        from stagewise.model.objectives.grpo import token_logprobs
 
         return token_logprobs(self.model, input_ids.to(self.device), temperature)[0].cpu()
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from model.rollout import Rollout
+from stagewise.model.rollout import Rollout
 
 START_TIMEOUT_S = 300.0
 """How long the worker may take to import torch/transformers and load the model."""
@@ -90,7 +90,7 @@ def _serve(conn: Connection, threads: int) -> None:
     try:
         from transformers.utils import logging as hf_logging
 
-        from model.rollout.hf import HFGenerator
+        from stagewise.model.rollout.hf import HFGenerator
 
         model_bytes, end_ids, pad_id, batch_rows, verbosity = pickle.loads(conn.recv_bytes())
         hf_logging.set_verbosity(verbosity)

@@ -45,7 +45,7 @@ from typing import Any, Iterable
 
 import torch
 
-from model.rollout import Rollout
+from stagewise.model.rollout import Rollout
 
 INSTALL_HINT = (
     "pip install 'stagewise[gpu]' (it brings trl and vllm), then start the server on the GPU machine: "
@@ -139,7 +139,7 @@ class VLLMGenerator:
         """The trainer-style log-probs under the synced weights, from the local copy (keep_copy)."""
         if self.model is None:
             raise RuntimeError("one-step off-policy rollouts need keep_copy=True (the weights that sampled)")
-        from model.objectives.grpo import token_logprobs
+        from stagewise.model.objectives.grpo import token_logprobs
 
         return token_logprobs(self.model, input_ids.to(self.device), temperature)[0].cpu()
 

@@ -22,7 +22,7 @@ def _bench():
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
-    from data.world.rl_rows import generate_rl_world
+    from stagewise.data.world.rl_rows import generate_rl_world
 
     out = tmp_path_factory.mktemp("rl_rows")
     generate_rl_world(out, seed=3, per_domain=24, eval_fraction=0.3, n_entities=40)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from data.chat import REASONING_OFF_MARKER, install_chat_template, reasoning_enabled, render, render_text
+from stagewise.data.chat import REASONING_OFF_MARKER, install_chat_template, reasoning_enabled, render, render_text
 
 CALL = {"type": "function", "function": {"name": "calc", "arguments": '{"expression": "2 + 3"}'}}
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate", "parameters": {"type": "object"}}}]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from data.world.doc_qa import QUESTIONS, doc_qa_texts, make_doc_qa, render_doc_qa
-from data.world.facts import fact_texts, make_entities
+from stagewise.data.world.doc_qa import QUESTIONS, doc_qa_texts, make_doc_qa, render_doc_qa
+from stagewise.data.world.facts import fact_texts, make_entities
 
 
 def test_deterministic_from_the_seed():

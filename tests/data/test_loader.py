@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from data.config import PhaseConfig
-from data.loader import DataExhausted, PretrainBatches, apportion, validation_rows
-from data.prepare import PreparedData
-from data.shards import SourceShards, write_shard
+from stagewise.data.config import PhaseConfig
+from stagewise.data.loader import DataExhausted, PretrainBatches, apportion, validation_rows
+from stagewise.data.prepare import PreparedData
+from stagewise.data.shards import SourceShards, write_shard
 
 L, B = 8, 10  # seq_length, global_batch
 IDS = {"a": 1, "b": 2, "c": 3}

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from data.long_context import LongContextBatches, assign_sources, length_counts, long_context_blend
-from data.long_context_config import LongContextDataConfig
-from data.shards import write_shard
+from stagewise.data.long_context import LongContextBatches, assign_sources, length_counts, long_context_blend
+from stagewise.data.long_context_config import LongContextDataConfig
+from stagewise.data.shards import write_shard
 
 EOS = 2
 
@@ -182,11 +182,11 @@ def test_config_refuses_geometry_that_cannot_fill_exactly(bad, message):
 
 
 def test_doc_qa_shards_feed_the_batches_with_whole_documents(tmp_path):
-    from data.long_context import prepare_doc_qa
-    from data.long_context_config import DocQAConfig
-    from data.shards import TokenShard
-    from data.tokenizer import train_bpe
-    from data.world.doc_qa import doc_qa_texts
+    from stagewise.data.long_context import prepare_doc_qa
+    from stagewise.data.long_context_config import DocQAConfig
+    from stagewise.data.shards import TokenShard
+    from stagewise.data.tokenizer import train_bpe
+    from stagewise.data.world.doc_qa import doc_qa_texts
 
     dq = DocQAConfig(documents=30, entities=60, min_paragraphs=2, max_paragraphs=5)
     tok = train_bpe(doc_qa_texts(30, 0, 60, 2, 5), 400)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data.packing import IGNORE, best_fit_decreasing, pack_row, pack_rows, supervised_count
+from stagewise.data.packing import IGNORE, best_fit_decreasing, pack_row, pack_rows, supervised_count
 
 EXAMPLE = [3000, 2500, 1800, 1500, 1200, 900, 700, 400, 300, 100]
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-import data.prepare as prepare_mod
-from data.config import DataConfig, PhaseConfig, SourceConfig, TokenizerConfig, WorldConfig
-from data.digest import digest_of, prepare_inputs
-from data.loader import PretrainBatches
-from data.prepare import PreparedData, prepare_data
-from data.shards import TokenShard
+import stagewise.data.prepare as prepare_mod
+from stagewise.data.config import DataConfig, PhaseConfig, SourceConfig, TokenizerConfig, WorldConfig
+from stagewise.data.digest import digest_of, prepare_inputs
+from stagewise.data.loader import PretrainBatches
+from stagewise.data.prepare import PreparedData, prepare_data
+from stagewise.data.shards import TokenShard
 
 WORLD = WorldConfig(stdlib_files=2, facts=40, arithmetic=40, retrieval=6, noisy=20)
 TOK = TokenizerConfig(vocab_size=400)

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from data.errors import BadInput
-from data.profile import (
+from stagewise.data.errors import BadInput
+from stagewise.data.profile import (
     LengthStats,
     build_profile,
     detect_kind,
@@ -21,7 +21,7 @@ from data.profile import (
     profile_file,
     profile_texts,
 )
-from data.sft_config import CurateConfig, SFTDataSource
+from stagewise.data.sft_config import CurateConfig, SFTDataSource
 
 TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
 SEARCH = {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
@@ -79,7 +79,7 @@ def test_length_stats_by_hand():
 
 
 def test_conversation_figures_by_hand(chat_tokenizer):
-    from data.chat import render
+    from stagewise.data.chat import render
 
     p = profile_conversations("four", "four.jsonl", FOUR, chat_tokenizer)
     assert p.conversations == 4 and p.domains == {"chat": 1, "math": 2, "tools": 1}
@@ -220,7 +220,7 @@ def test_bad_lines_name_file_and_line(tmp_path, chat_tokenizer, rows, where):
 
 
 def test_curated_directory_is_read_with_its_reports(tmp_path, chat_tokenizer):
-    from data.sft_assembly import curate_sources
+    from stagewise.data.sft_assembly import curate_sources
 
     raw = {"a": write_jsonl(tmp_path / "a.jsonl", FOUR[:2]), "b": write_jsonl(tmp_path / "b.jsonl", [*FOUR[2:], FOUR[2]])}
     sources = [SFTDataSource(name="a", path="a.jsonl"), SFTDataSource(name="b", path="b.jsonl", domain="a")]
@@ -235,8 +235,8 @@ def test_curated_directory_is_read_with_its_reports(tmp_path, chat_tokenizer):
 
 
 def test_find_prepared_is_none_until_prepared(tmp_path):
-    from data.config import DataConfig, SourceConfig, TokenizerConfig
-    from data.prepare import find_prepared, prepare_data
+    from stagewise.data.config import DataConfig, SourceConfig, TokenizerConfig
+    from stagewise.data.prepare import find_prepared, prepare_data
 
     write_jsonl(tmp_path / "s.jsonl", [{"text": f"document number {i} with some words"} for i in range(40)])
     data = DataConfig(sources=[SourceConfig(name="s", path="s.jsonl")])

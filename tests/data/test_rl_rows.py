@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data.errors import BadInput
-from data.chat import prompt_key as conversation_key
-from data.rl_rows import RLRow, prompt_key, prompt_messages, read_rows, write_rows
+from stagewise.data.errors import BadInput
+from stagewise.data.chat import prompt_key as conversation_key
+from stagewise.data.rl_rows import RLRow, prompt_key, prompt_messages, read_rows, write_rows
 
 # NeMo Gym's own row shapes: compact separators, agent_ref, Responses-API message items with
 # "type", request settings, integer ids, flat verifier fields, escaped and raw non-ASCII text.

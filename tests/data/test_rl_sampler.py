@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from data.rl_curriculum import CurriculumConfig
-from data.rl_sampler import CurriculumSampler, domain_counts
+from stagewise.data.rl_curriculum import CurriculumConfig
+from stagewise.data.rl_sampler import CurriculumSampler, domain_counts
 
 PROMPTS = {"arith": [(f"a{i}", i / 40) for i in range(40)], "fmt": [(f"f{i}", (i % 8) / 8) for i in range(24)]}
 

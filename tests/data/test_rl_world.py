@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from data.rl_rows import prompt_key, prompt_messages, read_rows
-from data.world.calculator import evaluate
-from data.world.rl_rows import ENVIRONMENTS, RL_DOMAINS, domain_rows, generate_rl_world, reference_completion
-from eval.environments import get_environment
+from stagewise.data.rl_rows import prompt_key, prompt_messages, read_rows
+from stagewise.data.world.calculator import evaluate
+from stagewise.data.world.rl_rows import ENVIRONMENTS, RL_DOMAINS, domain_rows, generate_rl_world, reference_completion
+from stagewise.eval.environments import get_environment
 
 DOMAIN_ENVS = {"arithmetic": {"exact_answer"}, "format": {"json_answer", "uppercase"},
                "calculator": {"calculator"}, "sorting": {"sorting"}}
@@ -96,8 +96,8 @@ def test_unknown_domain_and_environment():
 def test_max_digits_and_format_kinds_keep_rows_within_reach(tmp_path):
     import re
 
-    from data.rl_rows import prompt_messages, read_rows
-    from data.world.rl_rows import generate_rl_world
+    from stagewise.data.rl_rows import prompt_messages, read_rows
+    from stagewise.data.world.rl_rows import generate_rl_world
 
     paths = generate_rl_world(tmp_path, seed=3, per_domain=40, eval_fraction=0.2, n_entities=50, max_digits=1,
                               format_kinds=("json_answer",))

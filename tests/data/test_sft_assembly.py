@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.curate import CurationError
-from data.sft_assembly import (
+from stagewise.data.curate import CurationError
+from stagewise.data.sft_assembly import (
     IM_END,
     SFTDataError,
     blend_and_pack,
@@ -25,8 +25,8 @@ from data.sft_assembly import (
     tokenizer_files,
     write_jsonl,
 )
-from data.sft_config import CurateConfig, SFTBlend, SFTDataSource
-from data.world.conversations import domain_conversations
+from stagewise.data.sft_config import CurateConfig, SFTBlend, SFTDataSource
+from stagewise.data.world.conversations import domain_conversations
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -102,9 +102,9 @@ def checkpoint(tmp_path_factory, chat_tokenizer_dir):
     """A tiny checkpoint whose tokenizer has the chat tokens but no template installed yet."""
     from transformers import AutoTokenizer
 
-    from model.build import build_model
-    from model.checkpoint import CheckpointMeta, save_checkpoint
-    from model.config import ModelConfig
+    from stagewise.model.build import build_model
+    from stagewise.model.checkpoint import CheckpointMeta, save_checkpoint
+    from stagewise.model.config import ModelConfig
 
     tok = AutoTokenizer.from_pretrained(chat_tokenizer_dir)
     tok.chat_template = None
@@ -120,7 +120,7 @@ def checkpoint(tmp_path_factory, chat_tokenizer_dir):
 def test_make_chat_start_installs_template_and_eos_and_leaves_the_source(checkpoint, tmp_path):
     from transformers import AutoTokenizer
 
-    from model.checkpoint import weights_sha256
+    from stagewise.model.checkpoint import weights_sha256
 
     assert not AutoTokenizer.from_pretrained(checkpoint).chat_template
     before = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
@@ -136,7 +136,7 @@ def test_make_chat_start_installs_template_and_eos_and_leaves_the_source(checkpo
 
 
 def test_blend_and_pack_with_a_previous_sample(sources, chat_tokenizer_dir, tmp_path):
-    from data.sft_data import load_packed
+    from stagewise.data.sft_data import load_packed
 
     files = {"arith": str(sources / "arith.jsonl"), "sort": str(sources / "sort.jsonl")}
     domains = {"arith": "arithmetic", "sort": "sorting"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from data.sft_blend import add_domain, largest_remainder, sample_blend
+from stagewise.data.sft_blend import add_domain, largest_remainder, sample_blend
 
 
 def pools(sizes: dict[str, int]) -> dict[str, list[dict]]:

@@ -6,11 +6,11 @@ import numpy as np
 import torch
 import pytest
 
-from data.loader import DataExhausted
-from data.packing import IGNORE
-from data.sft_config import PackingConfig
-from data.sft_data import KEYS, PackedBatches, load_packed, pack_conversations, save_packed
-from data.world.conversations import domain_conversations
+from stagewise.data.loader import DataExhausted
+from stagewise.data.packing import IGNORE
+from stagewise.data.sft_config import PackingConfig
+from stagewise.data.sft_data import KEYS, PackedBatches, load_packed, pack_conversations, save_packed
+from stagewise.data.world.conversations import domain_conversations
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from data.config import TokenizerConfig
-from data.shards import TokenShard, split_docs, stable_fraction, token_dtype, write_shard, write_source_shards
-from data.tokenizer import build_tokenizer
+from stagewise.data.config import TokenizerConfig
+from stagewise.data.shards import TokenShard, split_docs, stable_fraction, token_dtype, write_shard, write_source_shards
+from stagewise.data.tokenizer import build_tokenizer
 
 DOCS = [f"Document number {i} says {'hello ' * (i % 7)}and ends." for i in range(200)]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from data.config import SourceConfig
-from data.errors import BadInput
-from data.sources import SourceError, iter_texts
+from stagewise.data.config import SourceConfig
+from stagewise.data.errors import BadInput
+from stagewise.data.sources import SourceError, iter_texts
 
 BAD_JSONL = (b'{"text": "one"}\n'
              b'{"text": \n'                 # 2: malformed JSON

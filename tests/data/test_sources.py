@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.config import SourceConfig
-from data.sources import SourceError, iter_texts, resolve_path
+from stagewise.data.config import SourceConfig
+from stagewise.data.sources import SourceError, iter_texts, resolve_path
 
 
 def _src(path, **kw):

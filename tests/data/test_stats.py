@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from data.prepare import PreparedData
-from data.shards import SourceShards, write_shard
-from data.stats import unigram_cross_entropy
+from stagewise.data.prepare import PreparedData
+from stagewise.data.shards import SourceShards, write_shard
+from stagewise.data.stats import unigram_cross_entropy
 
 
 def _prepared(tmp_path, sources: dict[str, tuple[list[list[int]], list[list[int]]]], vocab: int) -> PreparedData:

@@ -3,8 +3,8 @@
 import pytest
 from transformers import AutoTokenizer
 
-from data.config import TokenizerConfig
-from data.tokenizer import SPECIAL_TOKENS, build_tokenizer, capped, train_bpe
+from stagewise.data.config import TokenizerConfig
+from stagewise.data.tokenizer import SPECIAL_TOKENS, build_tokenizer, capped, train_bpe
 
 CORPUS = ["The heron nests by the river in Velmora, founded in 1482.",
           "def add(a, b):\n    return a + b\n", "Compute 4738 + 2956.\nAnswer: 7694",

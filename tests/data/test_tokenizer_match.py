@@ -10,8 +10,8 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
-from data.errors import BadInput
-from data.tokenizer_match import TokenizerMismatch, check_same_tokenizer
+from stagewise.data.errors import BadInput
+from stagewise.data.tokenizer_match import TokenizerMismatch, check_same_tokenizer
 
 LINES = ["The heron nests by the river in Velmora.", "def add(a, b):\n    return a + b\n",
          "Compute 47 + 29.\nAnswer: 76", "<|im_start|>user\nhello<|im_end|>"] * 20
@@ -20,8 +20,8 @@ LINES = ["The heron nests by the river in Velmora.", "def add(a, b):\n    return
 @pytest.fixture(scope="module")
 def student(tmp_path_factory):
     """A byte-level BPE from data/tokenizer.py's own trainer, with the chat template installed."""
-    from data.chat import install_chat_template
-    from data.tokenizer import train_bpe
+    from stagewise.data.chat import install_chat_template
+    from stagewise.data.tokenizer import train_bpe
 
     out = tmp_path_factory.mktemp("student")
     install_chat_template(train_bpe(LINES, 320)).save_pretrained(out)

@@ -4,11 +4,11 @@ import json
 import random
 import re
 
-from data.config import WorldConfig
-from data.world import generate_world, make_entities, make_problem, make_retrieval, render_entity
-from data.world import noisy
-from data.world.retrieval import render_retrieval
-from data.world.stdlib import MAX_SOURCE_CHARS, source_chunks, stdlib_files, stdlib_root
+from stagewise.data.config import WorldConfig
+from stagewise.data.world import generate_world, make_entities, make_problem, make_retrieval, render_entity
+from stagewise.data.world import noisy
+from stagewise.data.world.retrieval import render_retrieval
+from stagewise.data.world.stdlib import MAX_SOURCE_CHARS, source_chunks, stdlib_files, stdlib_root
 
 SMALL = WorldConfig(stdlib_files=3, facts=30, arithmetic=30, retrieval=8, noisy=20)
 KINDS = ["stdlib", "facts", "arithmetic", "retrieval", "noisy"]

@@ -8,12 +8,12 @@ from collections import Counter
 
 import pytest
 
-from data.chat import prompt_key, render
-from data.curate import curate
-from data.curate.structural import check_structure
-from data.sft_config import CurateConfig
-from data.world.calculator import evaluate
-from data.world.conversations import DOMAINS, domain_conversations, generate_sft_world
+from stagewise.data.chat import prompt_key, render
+from stagewise.data.curate import curate
+from stagewise.data.curate.structural import check_structure
+from stagewise.data.sft_config import CurateConfig
+from stagewise.data.world.calculator import evaluate
+from stagewise.data.world.conversations import DOMAINS, domain_conversations, generate_sft_world
 
 
 @pytest.mark.parametrize("domain", DOMAINS)

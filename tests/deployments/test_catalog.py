@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deployments.catalog import ABLATE, NIGHTLY, NIGHTLY_CRON, PIPELINE, PROMOTE, WEEKLY, build_deployments, stage_selections
-from flows.deployed import check_request
-from flows.registry import REGISTRY
+from stagewise.deployments.catalog import ABLATE, NIGHTLY, NIGHTLY_CRON, PIPELINE, PROMOTE, WEEKLY, build_deployments, stage_selections
+from stagewise.flows.deployed import check_request
+from stagewise.flows.registry import REGISTRY
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 
@@ -20,7 +20,7 @@ def test_one_deployment_for_the_pipeline_the_schedule_and_each_stage():
     assert everything == [PIPELINE, WEEKLY, *(s.name for s in REGISTRY), PROMOTE, NIGHTLY, ABLATE]
     made = {d.name: d for d in build_deployments(TINY) if d.name not in (PROMOTE, NIGHTLY, ABLATE)}
     assert {d.flow_name for d in made.values()} == {"stagewise-recipe"}
-    assert {d.entrypoint for d in made.values()} == {"flows.deployed.run_recipe_flow"}  # importable from any directory
+    assert {d.entrypoint for d in made.values()} == {"stagewise.flows.deployed.run_recipe_flow"}  # importable from any directory
     assert all(d.parameters["recipe"] == str(TINY.resolve()) for d in made.values())
     assert "stages" not in made[PIPELINE].parameters and not made[PIPELINE].schedules
     assert all(d.enforce_parameter_schema for d in made.values())
@@ -28,7 +28,7 @@ def test_one_deployment_for_the_pipeline_the_schedule_and_each_stage():
 
 def test_the_nightly_evaluation_is_scheduled_only_with_schedules():
     nightly = {d.name: d for d in build_deployments(TINY)}[NIGHTLY]
-    assert nightly.flow_name == "nightly-eval" and nightly.entrypoint == "flows.nightly_eval.evaluate_latest_flow"
+    assert nightly.flow_name == "nightly-eval" and nightly.entrypoint == "stagewise.flows.nightly_eval.evaluate_latest_flow"
     assert [s.schedule.cron for s in nightly.schedules] == [NIGHTLY_CRON]
     assert not {d.name: d for d in build_deployments(TINY, schedule=False)}[NIGHTLY].schedules
 
@@ -50,16 +50,16 @@ def test_each_stage_alone_runs_with_what_it_reads_and_passes_the_checks(tmp_path
 def test_the_ablation_deployment_offers_the_stages_an_ablation_can_run():
     from typing import get_args
 
-    from flows.ablate_plan import ablatable
-    from flows.deployed import AblatableStage
+    from stagewise.flows.ablate_plan import ablatable
+    from stagewise.flows.deployed import AblatableStage
 
     ablate = {d.name: d for d in build_deployments(TINY)}[ABLATE]
-    assert ablate.flow_name == "stagewise-ablation" and ablate.entrypoint == "flows.deployed.ablate_recipe_flow"
+    assert ablate.flow_name == "stagewise-ablation" and ablate.entrypoint == "stagewise.flows.deployed.ablate_recipe_flow"
     assert ablate.parameters == {"recipe": str(TINY.resolve())}
     assert list(get_args(AblatableStage)) == ablatable()
     from prefect.utilities.callables import parameter_schema
 
-    from flows.deployed import ablate_recipe_flow
+    from stagewise.flows.deployed import ablate_recipe_flow
 
     form = parameter_schema(ablate_recipe_flow.fn)  # what the UI's form is built from
     assert {"stage", "variants", "budget", "start", "parallel", "overrides"} <= set(form.properties)
@@ -70,8 +70,8 @@ def test_the_ablation_deployment_offers_the_stages_an_ablation_can_run():
 def test_the_ablation_flow_refuses_a_bad_variant_before_any_work(tmp_path):
     import pytest
 
-    from data.errors import BadInput
-    from flows.deployed import ablate_recipe_flow
+    from stagewise.data.errors import BadInput
+    from stagewise.flows.deployed import ablate_recipe_flow
 
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deployments.catalog import PROMOTE, build_deployments
-from flows.recipe import available_stages
+from stagewise.deployments.catalog import PROMOTE, build_deployments
+from stagewise.recipe import available_stages
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 
@@ -13,7 +13,7 @@ TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 def test_the_promotion_deployment_asks_for_a_rule_and_defaults_to_the_recipes_store():
     made = {d.name: d for d in build_deployments(TINY, schedule=False)}
     promote = made[PROMOTE]
-    assert promote.flow_name == "stagewise-promote" and promote.entrypoint == "flows.promote.promote_flow"
+    assert promote.flow_name == "stagewise-promote" and promote.entrypoint == "stagewise.flows.promote.promote_flow"
     assert promote.parameters == {"experiment": "tiny", "stage": "pretrain",
                                   "tracking_uri": f"sqlite:///{(Path.cwd() / 'runs' / 'tiny' / 'mlflow.db').resolve()}"}
     form = promote._parameter_openapi_schema

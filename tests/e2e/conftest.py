@@ -45,7 +45,7 @@ class Pretrained:
 
 def stagewise(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
     """Run the CLI in a subprocess (as a user would), CI=1 for plain progress output."""
-    cmd = [sys.executable, "-m", "flows.cli", *args]
+    cmd = [sys.executable, "-m", "stagewise.cli", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, CI="1"), timeout=timeout)
 
 

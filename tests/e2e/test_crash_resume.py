@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from model import checkpoint as ck
+from stagewise.model import checkpoint as ck
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny.yaml"
@@ -56,7 +56,7 @@ RL = [  # 12 GRPO steps of 4 prompts x 4 rollouts, one-step off-policy, checkpoi
 
 
 def command(workdir: Path, stages: str, extra: list[str], resume: bool = False) -> list[str]:
-    args = [sys.executable, "-m", "flows.cli", "run", str(TINY), "--stages", stages]
+    args = [sys.executable, "-m", "stagewise.cli", "run", str(TINY), "--stages", stages]
     for value in (f"workdir={workdir}", *extra):
         args += ["--set", value]
     return args + (["--resume"] if resume else [])

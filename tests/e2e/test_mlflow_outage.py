@@ -102,7 +102,7 @@ def test_a_stage_survives_an_mlflow_restart_and_loses_no_metric(mlflow_server, t
         f"stages.pretrain.tokens={STEPS * STEP_TOKENS}", "stages.pretrain.val_tokens=4096",
         "stages.pretrain.schedule.warmup_tokens=2048",
     ]
-    cmd = [sys.executable, "-m", "flows.cli", "run", str(TINY), "--stages", "pretrain",
+    cmd = [sys.executable, "-m", "stagewise.cli", "run", str(TINY), "--stages", "pretrain",
            *[a for v in values for a in ("--set", v)]]
     out = (tmp_path / "stagewise.log").open("w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, CI="1"))

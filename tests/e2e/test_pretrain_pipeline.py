@@ -22,7 +22,7 @@ TOKENS = 400_000  # enough to beat the unigram baseline clearly, short enough fo
 
 def _command(workdir: Path, stages: str) -> list[str]:
     return [
-        sys.executable, "-m", "flows.cli", "run", str(ROOT / "recipes" / "tiny.yaml"),
+        sys.executable, "-m", "stagewise.cli", "run", str(ROOT / "recipes" / "tiny.yaml"),
         "--stages", stages,
         "--set", f"workdir={workdir}", "--set", f"stages.pretrain.tokens={TOKENS}",
         "--set", "stages.pretrain.checkpoint_every_tokens=49152",

@@ -41,7 +41,7 @@ def test_sft_hands_its_checkpoint_to_rl(rl_run, cli):
     sft, result = summary["stages"][1], summary["stages"][2]
     assert rl.data.tags["stagewise.start_checkpoint"] == sft["checkpoint"]
     meta = json.loads((Path(result["checkpoint"]) / "stagewise.json").read_text())
-    from flows.recipe import load_recipe
+    from stagewise.recipe import load_recipe
 
     steps = load_recipe(Path(cli.tiny)).recipe.stages.rl.steps
     assert meta["stage"] == "rl" and meta["step"] == steps and meta["parent"]

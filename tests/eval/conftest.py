@@ -12,9 +12,9 @@ import pytest
 
 
 def _texts() -> list[str]:
-    from data.world.arithmetic import arithmetic_texts
-    from data.world.retrieval import retrieval_texts
-    from eval.tasks import TASKS_DIR
+    from stagewise.data.world.arithmetic import arithmetic_texts
+    from stagewise.data.world.retrieval import retrieval_texts
+    from stagewise.eval.tasks import TASKS_DIR
 
     prompts = [json.loads(line)["prompt"] for f in sorted((TASKS_DIR / "data").glob("*.jsonl")) for line in open(f)]
     return arithmetic_texts(100, 0) + retrieval_texts(10, 0) + prompts
@@ -25,9 +25,9 @@ def tiny_lm():
     """(model, tokenizer): the `tiny` preset over a 400-token byte-level BPE."""
     from transformers.utils import logging as hf_logging
 
-    from data.tokenizer import train_bpe
-    from model.build import build_model
-    from model.config import ModelConfig
+    from stagewise.data.tokenizer import train_bpe
+    from stagewise.model.build import build_model
+    from stagewise.model.config import ModelConfig
 
     hf_logging.set_verbosity_error()
     tokenizer = train_bpe(_texts(), 400)

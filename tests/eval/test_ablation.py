@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from eval.ablation import compare, render_text, scores
-from eval.plots import ablation_plot
+from stagewise.eval.ablation import compare, render_text, scores
+from stagewise.eval.plots import ablation_plot
 
 A = {"eval/h/exact_match": 0.2, "eval/h/loss": 1.5, "eval/h/answered": 100.0, "base/eval/h/exact_match": 0.0,
      "sft/h/exact_match_delta": 0.2, "eval/t/acc_stderr": 0.01, "eval/h/format_match": 0.5}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from data.errors import BadInput
-from eval.cutoffs import Cutoff, guard_moves, load_rule, run_cutoff
-from eval.gates import GateRule, UnknownMetricError
+from stagewise.data.errors import BadInput
+from stagewise.eval.cutoffs import Cutoff, guard_moves, load_rule, run_cutoff
+from stagewise.eval.gates import GateRule, UnknownMetricError
 
 ACC = "eval/world_arithmetic/exact_match"
 LOOKUP = "eval/world_lookup/exact_match"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from data.errors import BadInput
-from data.rl_rows import RLRow
-from eval.environments import ENVIRONMENTS, Environment, get_environment
+from stagewise.data.errors import BadInput
+from stagewise.data.rl_rows import RLRow
+from stagewise.eval.environments import ENVIRONMENTS, Environment, get_environment
 
 
 def row(expected, **extra) -> RLRow:
@@ -142,7 +142,7 @@ def chat_template_call() -> str:
     to the assistant's generation."""
     import jinja2
 
-    from data.chat import chat_template
+    from stagewise.data.chat import chat_template
 
     env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = lambda msg: (_ for _ in ()).throw(ValueError(msg))

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from eval.gates import GateConfig, GateRule, UnknownMetricError, decide, first_hold
+from stagewise.eval.gates import GateConfig, GateRule, UnknownMetricError, decide, first_hold
 
 ACC = "eval/world_arithmetic/exact_match"
 LOOKUP = "eval/world_lookup/exact_match"

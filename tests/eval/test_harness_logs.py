@@ -15,7 +15,7 @@ import re
 import sys
 import time
 
-from eval.harness import run_tasks, terminal_prints
+from stagewise.eval.harness import run_tasks, terminal_prints
 
 # What must never be in a flow run's log: a tqdm frame, a rate, a bytecode listing.
 NOISE = re.compile(r"\d+%\||it/s|s/it|Running \w+ requests|LOAD_(GLOBAL|FAST|ATTR)|RETURN_VALUE")

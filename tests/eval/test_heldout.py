@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from eval.heldout import _generate, answer_items, heldout_answers, heldout_loss, shape
+from stagewise.eval.heldout import _generate, answer_items, heldout_answers, heldout_loss, shape
 
 
 def conv(domain: str, user: str, answer: str, **extra) -> dict:
@@ -47,7 +47,7 @@ def test_shape_keeps_the_form_not_the_content():
 
 @pytest.fixture(scope="module")
 def chat_lm(tiny_lm):
-    from data.chat import install_chat_template
+    from stagewise.data.chat import install_chat_template
 
     model, tokenizer = tiny_lm
     return model, install_chat_template(tokenizer)
@@ -62,7 +62,7 @@ def test_exact_match_compares_the_stripped_answer(chat_lm, monkeypatch):
         seen.append(max_new_tokens)
         return next(replies)
 
-    monkeypatch.setattr("eval.heldout._generate", fake_generate)
+    monkeypatch.setattr("stagewise.eval.heldout._generate", fake_generate)
     got = heldout_answers(model, tokenizer, CONVS, batch_size=3)
     assert got["answered"] == 4 and got["exact_match"] == 0.5 and got["format_match"] == 0.75
     assert got["exact_match_arithmetic"] == pytest.approx(2 / 3) and got["exact_match_sorting"] == 0.0
@@ -91,7 +91,7 @@ def test_heldout_loss_is_finite_and_counts_assistant_tokens(chat_lm):
 def test_round_robin_takes_items_in_turn_from_each_domain():
     from types import SimpleNamespace as Row
 
-    from eval.heldout import round_robin
+    from stagewise.eval.heldout import round_robin
 
     rows = [Row(domain=d, n=i) for d, i in [("b", 0), ("b", 1), ("b", 2), ("a", 0)]]
     assert [(r.domain, r.n) for r in round_robin(rows, lambda r: r.domain, 3)] == [("a", 0), ("b", 0), ("b", 1)]

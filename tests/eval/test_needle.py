@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from data.world.retrieval import RetrievalDoc, render_retrieval
-from eval.needle import build_needle_prompts, needle_eval, render_context
-from eval.validation import validation_loss
+from stagewise.data.world.retrieval import RetrievalDoc, render_retrieval
+from stagewise.eval.needle import build_needle_prompts, needle_eval, render_context
+from stagewise.eval.validation import validation_loss
 
 
 class OracleLM(torch.nn.Module):

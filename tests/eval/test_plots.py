@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.collections import Collection
 from matplotlib.patches import Rectangle
 
-from eval.plots import (before_after_plot, cutoff_plot, loss_curves, merge_curves, metric_kind, reject_reasons_plot,
+from stagewise.eval.plots import (before_after_plot, cutoff_plot, loss_curves, merge_curves, metric_kind, reject_reasons_plot,
                         stage_summary_plot)
 
 DOMAINS = ("arithmetic", "format", "lookup", "recall", "sorting")
@@ -171,7 +171,7 @@ def test_reject_reasons_and_merge_curves_render(save):
 
 
 def test_distill_plot_shows_the_gap_each_domain_closed(save):
-    from eval.plots import distill_plot
+    from stagewise.eval.plots import distill_plot
 
     kl = {"arithmetic": [(1, 0.9), (2, 0.5)], "format": [(1, 1.2), (2, 0.8)]}
     fig = distill_plot(kl, {"arithmetic": 0.1, "format": 0.05}, {"arithmetic": 0.16, "format": 0.07},

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from eval.report import continued, pipeline_report, report_figure
+from stagewise.eval.report import continued, pipeline_report, report_figure
 from tests.eval.test_plots import ROWS  # the same closing table as the chart tests
 
 # long context counts its tokens from its own start; the report continues it after pretraining

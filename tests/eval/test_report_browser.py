@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from matplotlib import image
 
-from eval.report import pipeline_report
+from stagewise.eval.report import pipeline_report
 from tests.eval.test_report import CURVES, GATES, ROWS
 
 

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from data.rl_rows import RLRow
-from eval.environments import get_environment
-from eval.rewards import RewardConfig, group_rewards, length_term
+from stagewise.data.rl_rows import RLRow
+from stagewise.eval.environments import get_environment
+from stagewise.eval.rewards import RewardConfig, group_rewards, length_term
 
 
 def row(expected) -> RLRow:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from eval.validation import validation_loss
+from stagewise.eval.validation import validation_loss
 
 
 class UniformLM(torch.nn.Module):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.ablate_plan import budget_overrides, parse_variants, plan_ablation
-from flows.recipe import RecipeError, load_recipe
+from stagewise.flows.ablate_plan import budget_overrides, parse_variants, plan_ablation
+from stagewise.recipe import RecipeError, load_recipe
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 FORMAT_OFF = "stages.sft.stages[0].blend.weights.format=0"

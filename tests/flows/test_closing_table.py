@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from flows.closing_table import closing_rows, gate_decisions, loss_curves, render
-from tasks.refs import StageResult, StageSummary
+from stagewise.flows.closing_table import closing_rows, gate_decisions, loss_curves, render
+from stagewise.store.refs import StageResult, StageSummary
 
 
 def _results():

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from data.errors import BadInput
-from flows.cli import app
-from flows.deployed import check_request, run_recipe_flow
-from flows.recipe import available_stages
+from stagewise.data.errors import BadInput
+from stagewise.cli import app
+from stagewise.flows.deployed import check_request, run_recipe_flow
+from stagewise.recipe import available_stages
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from data.errors import BadInput
-from flows.nightly_eval import evaluate_latest_flow, newest_checkpoint, suites_to_run
-from tasks.tracking import Tracker
+from stagewise.data.errors import BadInput
+from stagewise.flows.nightly_eval import evaluate_latest_flow, newest_checkpoint, suites_to_run
+from stagewise.store.tracking import Tracker
 
 RECIPE = """\
 name: nightly

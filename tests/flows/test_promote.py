@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import BadInput
-from flows.promote import PROMOTED_BY_TAG, PROMOTION_TAG, check_request, promote, promote_flow
-from tasks.tracking import STAGE_TAG, Tracker
+from stagewise.data.errors import BadInput
+from stagewise.flows.promote import PROMOTED_BY_TAG, PROMOTION_TAG, check_request, promote, promote_flow
+from stagewise.store.tracking import STAGE_TAG, Tracker
 
 ACC = "eval/world_arithmetic/exact_match"
 LOSS = "eval/validation/loss"
@@ -149,7 +149,7 @@ def test_bad_input_is_refused_with_a_located_message_before_the_store_is_touched
 
 
 def test_the_cli_exits_2_naming_the_rule_files_line(store, tmp_path, capsys):
-    from flows.cli import main
+    from stagewise.cli import main
 
     tracker, _, _, _ = store
     bad = rule_file(tmp_path, "bad.yaml", "all:\n  - {metric: m, op: '>=', value: high}\n")

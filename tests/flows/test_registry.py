@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import inspect
 
-from flows.recipe import STAGE_ORDER, StagesConfig, load_recipe
-from flows.registry import REGISTRY, registered
-from flows.stage import StageContext, Upstream
+from stagewise.recipe import STAGE_ORDER, StagesConfig, load_recipe
+from stagewise.flows.registry import REGISTRY, registered
+from stagewise.flows.stage import StageContext, Upstream
 
 
 def test_every_recipe_stage_block_has_a_registered_stage_in_order():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flows.sft import Scores, deltas
-from tasks.refs import CheckpointRef
+from stagewise.flows.sft import Scores, deltas
+from stagewise.store.refs import CheckpointRef
 
 
 def test_deltas_are_final_minus_base_for_scores_only():
@@ -38,8 +38,8 @@ def test_scores_evaluate_each_weights_once_and_copy_to_other_runs(monkeypatch):
         tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, {"eval/t/exact_match": 0.5})])
         return {"eval/t/exact_match": 0.5}
 
-    monkeypatch.setattr("flows.sft.heldout_task", fake_heldout)
-    monkeypatch.setattr("flows.sft.suite_task", fake_suite)
+    monkeypatch.setattr("stagewise.flows.sft.heldout_task", fake_heldout)
+    monkeypatch.setattr("stagewise.flows.sft.suite_task", fake_suite)
     tracker = FakeTracker()
     scores = Scores(tracker, "/heldout.jsonl", 40, 512)
     ckpt = CheckpointRef(path="/ck/sub/step-00000010", step=10, tokens_seen=40960, sha256="abc")

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from flows.stage import (StageContext, StageStateError, StartError, Upstream, checkpoint_hash, finish, resume_point,
+from stagewise.flows.stage import (StageContext, StageStateError, StartError, Upstream, checkpoint_hash, finish, resume_point,
                          reused_result, start_checkpoint)
-from model.runtime import Runtime
-from tasks.refs import StageResult, StageSummary
-from tasks.steps import finished
-from tasks.tracking import Tracker
+from stagewise.model.runtime import Runtime
+from stagewise.store.refs import StageResult, StageSummary
+from stagewise.store.steps import finished
+from stagewise.store.tracking import Tracker
 
 
 def _ckpt(root: Path, step: int, tokens: int) -> Path:
@@ -76,7 +76,7 @@ class RecordingTracker(Tracker):
 
 
 def test_finish_marks_the_step_and_a_rerun_reuses_it(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.stage.reuse", lambda kind, directory, record: record)  # Prefect's side: e2e tests
+    monkeypatch.setattr("stagewise.flows.stage.reuse", lambda kind, directory, record: record)  # Prefect's side: e2e tests
     tracker = RecordingTracker()
     ctx = StageContext(workdir=str(tmp_path), base_dir=".", seed=1, recipe_hash="h", tracker=tracker,
                        runtime=Runtime())
@@ -98,7 +98,7 @@ def test_finish_marks_the_step_and_a_rerun_reuses_it(tmp_path, monkeypatch):
 
 
 def test_a_finished_step_whose_checkpoint_is_gone_runs_again(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.stage.reuse", lambda kind, directory, record: record)
+    monkeypatch.setattr("stagewise.flows.stage.reuse", lambda kind, directory, record: record)
     ctx = StageContext(workdir=str(tmp_path), base_dir=".", seed=1, recipe_hash="h", tracker=RecordingTracker())
     out = tmp_path / "merge-x"
     finish(ctx, out, StageResult(stage="merge", checkpoint=str(tmp_path / "gone"), run_id="r"))

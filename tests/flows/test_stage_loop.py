@@ -1,6 +1,6 @@
 """Where a stage's stretches end: phase ends and gate evaluation marks."""
 
-from flows.stage_loop import marks
+from stagewise.flows.stage_loop import marks
 
 
 def test_phase_ends_only_without_gate():

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from flows import long_context, merge, pretrain, quantize, sft
-from flows.recipe import load_recipe
-from model.runtime import Runtime
-from tasks.steps import step_hash
+from stagewise.flows import long_context, merge, pretrain, quantize, sft
+from stagewise.recipe import load_recipe
+from stagewise.model.runtime import Runtime
+from stagewise.store.steps import step_hash
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 
@@ -87,7 +87,7 @@ def _long_context(sets):
     r = load_recipe(TINY, sets).recipe
     block = long_context.select(r)
     train = block.stage.train_config()
-    from data.long_context import long_context_blend
+    from stagewise.data.long_context import long_context_blend
 
     blend = long_context_blend(block.stage.data, block.phase2_blend)
     return step_hash("long_context", long_context.long_context_spec(block, train, blend, r.seed), ["base", "data"])
@@ -109,7 +109,7 @@ def _substage(sets, index=0):
     r = load_recipe(TINY, sets).recipe
     block = sft.select(r)
     sub = block.stage.stages[index]
-    from model.config import TrainConfig
+    from stagewise.model.config import TrainConfig
 
     train = TrainConfig.model_validate(sub.model_dump(include=set(TrainConfig.model_fields)))
     suite = block.suites.get(sub.gate.suite if sub.gate else sub.eval_suite) if (sub.gate or sub.eval_suite) else None

@@ -34,7 +34,7 @@ class Outcome:
 
 def run_cli(argv: list[str]) -> Outcome:
     """`stagewise ARGV` in this process: exit code (or "crash: <type>" for an escaped exception) and output."""
-    from flows.cli import main
+    from stagewise.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     code: int | str = 0

@@ -21,9 +21,9 @@ import yaml
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from data.config import SourceConfig
-from data.errors import BadInput
-from data.sources import iter_texts
+from stagewise.data.config import SourceConfig
+from stagewise.data.errors import BadInput
+from stagewise.data.sources import iter_texts
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck),
                 phases=[Phase.explicit, Phase.generate, Phase.shrink])
@@ -149,7 +149,7 @@ def checkpoint(tmp_path_factory) -> Path:
     import torch
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
-    from data.tokenizer import train_bpe
+    from stagewise.data.tokenizer import train_bpe
 
     root = tmp_path_factory.mktemp("ckpt") / "step-00000010"
     cfg = NemotronHConfig(vocab_size=300, hidden_size=32, hybrid_override_pattern="M*-", num_attention_heads=2,
@@ -175,7 +175,7 @@ def test_the_pristine_checkpoint_passes(checkpoint, tmp_path, cli):
     run, _, _ = cli
     o = run(["inspect", str(checkpoint), "--json"])
     assert o.code == 0, o.describe()
-    from model.checkpoint_check import check_checkpoint
+    from stagewise.model.checkpoint_check import check_checkpoint
 
     assert check_checkpoint(checkpoint, tokenizer=True)["hidden_size"] == 32
 

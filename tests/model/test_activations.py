@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from model.activations import ActivationMonitor
-from model.build import build_model
-from model.config import ModelConfig
+from stagewise.model.activations import ActivationMonitor
+from stagewise.model.build import build_model
+from stagewise.model.config import ModelConfig
 
 VOCAB = 256
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from model.build import build_hf_config, build_model, check_overrides, load_model
-from model.config import ModelConfig
+from stagewise.model.build import build_hf_config, build_model, check_overrides, load_model
+from stagewise.model.config import ModelConfig
 
 VOCAB = 512
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from model import checkpoint as ck
-from model.checkpoint import CheckpointMeta, TrainerState
-from model.rng import capture_rng, restore_rng
+from stagewise.model import checkpoint as ck
+from stagewise.model.checkpoint import CheckpointMeta, TrainerState
+from stagewise.model.rng import capture_rng, restore_rng
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def test_rng_round_trip():
 
 
 def test_load_weights_into_existing_model_with_mtp(tmp_path, model_factory):
-    from model.mtp import attach_mtp
+    from stagewise.model.mtp import attach_mtp
 
     src, dst = model_factory(seed=1), model_factory(seed=2)
     attach_mtp(src, 2), attach_mtp(dst, 2)
@@ -142,7 +142,7 @@ CHILD = textwrap.dedent(
     from pathlib import Path
     import torch
     from safetensors.torch import save_file
-    from model import checkpoint as ck
+    from stagewise.model import checkpoint as ck
 
     target, marker = map(Path, sys.argv[1:3])
 
@@ -191,7 +191,7 @@ def test_sigkill_during_save_leaves_previous_checkpoint(tmp_path, tiny_model):
 
 
 def test_an_engine_export_is_adopted_with_its_meta_and_tokenizer(tmp_path, tiny_checkpoint):
-    from model.checkpoint import CheckpointMeta, adopt_checkpoint, read_meta, weights_sha256
+    from stagewise.model.checkpoint import CheckpointMeta, adopt_checkpoint, read_meta, weights_sha256
 
     export = tmp_path / "export"
     export.mkdir()

@@ -9,12 +9,12 @@ import random
 import pytest
 import torch
 
-from model.config import OptimizerConfig, ScheduleConfig, TrainConfig
-from model.distill_batches import DistillBatches
-from model.engine import Trainer
-from model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
-from model.rl_batches import Prompt, SamplingSettings
-from model.rollout.hf import HFGenerator
+from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
+from stagewise.model.distill_batches import DistillBatches
+from stagewise.model.engine import Trainer
+from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
+from stagewise.model.rl_batches import Prompt, SamplingSettings
+from stagewise.model.rollout.hf import HFGenerator
 
 END = 3
 PROMPTS = {f"p{i}": Prompt(f"p{i}", "even" if i % 2 else "odd", tuple(random.Random(i).randrange(4, 200)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.objectives import LossContext
-from model.objectives.distill import distill_advantages, reverse_kl
-from model.objectives.grpo import GRPOConfig, GRPOObjective, RolloutBatch, token_logprobs
+from stagewise.model.objectives import LossContext
+from stagewise.model.objectives.distill import distill_advantages, reverse_kl
+from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective, RolloutBatch, token_logprobs
 
 MASK = torch.tensor([[0.0, 1, 1, 1], [0.0, 0, 1, 0]])
 TEACHER = torch.tensor([[9.0, -0.5, -1.0, -0.2], [9.0, 9.0, -3.0, 9.0]])

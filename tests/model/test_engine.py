@@ -6,12 +6,12 @@ import math
 import pytest
 import torch
 
-from model import checkpoint as ck
-from model.config import TrainConfig
-from model.engine import FitResult, Trainer, TrainingDiverged
-from model.mfu import active_params, flops_per_token, peak_flops
-from model.objectives import LMObjective, LossContext
-from model.schedules import lr_at
+from stagewise.model import checkpoint as ck
+from stagewise.model.config import TrainConfig
+from stagewise.model.engine import FitResult, Trainer, TrainingDiverged
+from stagewise.model.mfu import active_params, flops_per_token, peak_flops
+from stagewise.model.objectives import LMObjective, LossContext
+from stagewise.model.schedules import lr_at
 
 SEQ, GLOBAL = 32, 8
 TPS = SEQ * GLOBAL  # tokens per step
@@ -200,7 +200,7 @@ def test_progress_bar_without_a_tty(tmp_path, tiny_model, batches_factory, capsy
 
 
 def test_mtp_heads_are_trained_and_recorded(tmp_path, tiny_model, batches_factory):
-    from model.mtp import attach_mtp
+    from stagewise.model.mtp import attach_mtp
 
     attach_mtp(tiny_model, 2, loss_weight=0.5)
     logs = []
@@ -243,9 +243,9 @@ def pretrain_batches(tmp_path):
 
     import numpy as np
 
-    from data.config import PhaseConfig
-    from data.loader import PretrainBatches
-    from data.shards import SourceShards, write_shard
+    from stagewise.data.config import PhaseConfig
+    from stagewise.data.loader import PretrainBatches
+    from stagewise.data.shards import SourceShards, write_shard
 
     rng = np.random.default_rng(0)
     docs = [np.append((rng.integers(3, 256) + np.arange(rng.integers(20, 80)) * 2) % 253 + 3, 2) for _ in range(60)]

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from model import checkpoint as ck
-from model.config import TrainConfig
-from model.engine import Trainer
-from model.objectives import LMObjective
-from model.objectives.sft import SFTObjective
+from stagewise.model import checkpoint as ck
+from stagewise.model.config import TrainConfig
+from stagewise.model.engine import Trainer
+from stagewise.model.objectives import LMObjective
+from stagewise.model.objectives.sft import SFTObjective
 
 SEQ, GLOBAL = 32, 8
 TPS = SEQ * GLOBAL
@@ -77,9 +77,9 @@ def pretrain_source(tmp_path):
     """data.loader.PretrainBatches over two small shards, blended in two phases."""
     from types import SimpleNamespace
 
-    from data.config import PhaseConfig
-    from data.loader import PretrainBatches
-    from data.shards import SourceShards, write_shard
+    from stagewise.data.config import PhaseConfig
+    from stagewise.data.loader import PretrainBatches
+    from stagewise.data.shards import SourceShards, write_shard
 
     rng = np.random.default_rng(0)
     sources = {}
@@ -112,7 +112,7 @@ def test_pretraining_resume_is_bit_identical(tmp_path, model_factory, pretrain_s
 def test_mtp_and_accumulation_resume_is_bit_identical(tmp_path, model_factory, batches_factory, precision):
     """Two micro-batches per step, an MTP head (its weights ride in the safetensors file), and
     bf16 autocast (fp32 master weights: the checkpoint round trip is exact either way)."""
-    from model.mtp import attach_mtp
+    from stagewise.model.mtp import attach_mtp
 
     def make(cfg, out, seed):
         model = model_factory(seed=seed)
@@ -129,9 +129,9 @@ def test_mtp_and_accumulation_resume_is_bit_identical(tmp_path, model_factory, b
 
 def test_long_context_resume_is_bit_identical(tmp_path, model_factory):
     """data.long_context.LongContextBatches: a step is GLOBAL x SEQ tokens of mixed lengths."""
-    from data.long_context import LongContextBatches
-    from data.long_context_config import LongContextDataConfig
-    from data.shards import TokenShard, write_shard
+    from stagewise.data.long_context import LongContextBatches
+    from stagewise.data.long_context_config import LongContextDataConfig
+    from stagewise.data.shards import TokenShard, write_shard
 
     rng = np.random.default_rng(1)
     shards = {}
@@ -178,7 +178,7 @@ def packed_rows(n: int = 24, pack: int = SEQ, seed: int = 0) -> dict[str, np.nda
 
 @pytest.mark.parametrize("normalization", ["token", "conversation"])
 def test_packed_sft_resume_is_bit_identical(tmp_path, model_factory, normalization):
-    from data.sft_data import PackedBatches
+    from stagewise.data.sft_data import PackedBatches
 
     rows = packed_rows()
 
@@ -195,8 +195,8 @@ def test_packed_sft_resume_is_bit_identical(tmp_path, model_factory, normalizati
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 def test_lora_resume_is_bit_identical(tmp_path, model_factory, dropout):
     """LoRA dropout draws from the global torch RNG every step: only a restored RNG repeats it."""
-    from data.sft_data import PackedBatches
-    from model.lora import apply_lora, lora_trainer_class
+    from stagewise.data.sft_data import PackedBatches
+    from stagewise.model.lora import apply_lora, lora_trainer_class
 
     rows = packed_rows()
     LoRATrainer = lora_trainer_class()
@@ -227,7 +227,7 @@ def test_resume_under_other_numerics_warns(tmp_path, model_factory, batches_fact
     make(tmp_path / "a").fit(until_tokens=TPS)
     ckpt = tmp_path / "a" / "step-00000001"
     assert ck.load_trainer_state(ckpt).progress["numerics"]["threads"] == torch.get_num_threads() == 1
-    with caplog.at_level("WARNING", logger="model.engine"):
+    with caplog.at_level("WARNING", logger="stagewise.model.engine"):
         make(tmp_path / "b").resume(ckpt)
         assert not caplog.records
         torch.set_num_threads(2)  # the autouse fixture puts 1 back

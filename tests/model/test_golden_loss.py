@@ -64,10 +64,10 @@ def run_tiny(out_dir: Path) -> dict[str, list[float]]:
     """STEPS optimiser steps of `tiny` (2 micro-batches each, warmup then minus-sqrt decay)."""
     from transformers.utils import logging as hf_logging
 
-    from model.build import build_model
-    from model.config import ModelConfig, TrainConfig
-    from model.engine import Trainer
-    from model.objectives import LMObjective
+    from stagewise.model.build import build_model
+    from stagewise.model.config import ModelConfig, TrainConfig
+    from stagewise.model.engine import Trainer
+    from stagewise.model.objectives import LMObjective
 
     hf_logging.set_verbosity_error()
     cfg = TrainConfig(tokens=STEPS * SEQ * GLOBAL, seq_length=SEQ, global_batch=GLOBAL, micro_batch=MICRO,

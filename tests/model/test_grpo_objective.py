@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model.objectives import LossContext
-from model.objectives.grpo import (GRPOConfig, GRPOObjective, RolloutBatch, is_weights, leave_one_out,
+from stagewise.model.objectives import LossContext
+from stagewise.model.objectives.grpo import (GRPOConfig, GRPOObjective, RolloutBatch, is_weights, leave_one_out,
                                    token_logprobs)
-from model.step import accumulate
+from stagewise.model.step import accumulate
 
 LN = math.log
 

@@ -36,8 +36,8 @@ import torch
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
-from model.objectives import LossContext  # noqa: E402
-from model.objectives.grpo import GRPOConfig, GRPOObjective, RolloutBatch, token_logprobs  # noqa: E402
+from stagewise.model.objectives import LossContext  # noqa: E402
+from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective, RolloutBatch, token_logprobs  # noqa: E402
 
 PROMPT, COMPLETION, ROWS, VOCAB = 5, 7, 6, 64
 
@@ -113,8 +113,8 @@ def toy(model: torch.nn.Module, temperature: float, seed: int = 0) -> tuple[Roll
 
 @pytest.fixture(scope="module")
 def model():
-    from model.build import build_model
-    from model.config import ModelConfig
+    from stagewise.model.build import build_model
+    from stagewise.model.config import ModelConfig
 
     torch.manual_seed(0)
     return build_model(ModelConfig(preset="tiny"), vocab_size=VOCAB, seed=0).train()

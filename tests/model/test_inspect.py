@@ -5,8 +5,8 @@ import json
 import pytest
 from rich.table import Table
 
-from model.config import ModelConfig
-from model.inspect import inspect_model
+from stagewise.model.config import ModelConfig
+from stagewise.model.inspect import inspect_model
 
 
 def _report(name, **kw):

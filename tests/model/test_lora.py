@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, NemotronHForCausalLM
 
-from model.lora import apply_lora, merge_lora, trainable_parameters
-from model.packed import packed_forward
+from stagewise.model.lora import apply_lora, merge_lora, trainable_parameters
+from stagewise.model.packed import packed_forward
 
 
 @pytest.fixture
@@ -73,10 +73,10 @@ def _packed_rows(n: int = 32, length: int = 16) -> dict:
 
 
 def _lora_trainer(model_factory, out_dir, logs, steps=6):
-    from data.sft_data import PackedBatches
-    from model.config import TrainConfig
-    from model.lora import lora_trainer_class
-    from model.objectives.sft import SFTObjective
+    from stagewise.data.sft_data import PackedBatches
+    from stagewise.model.config import TrainConfig
+    from stagewise.model.lora import lora_trainer_class
+    from stagewise.model.objectives.sft import SFTObjective
 
     cfg = TrainConfig(tokens=steps * 64, seq_length=16, global_batch=4, micro_batch=2,
                       optimizer={"lr": 1e-2, "weight_decay": 0.0})
@@ -86,7 +86,7 @@ def _lora_trainer(model_factory, out_dir, logs, steps=6):
 
 
 def test_lora_trainer_saves_merged_checkpoints_and_resumes_exactly(tmp_path, model_factory):
-    from model.checkpoint import read_meta
+    from stagewise.model.checkpoint import read_meta
 
     straight: list = []
     a = _lora_trainer(model_factory, tmp_path / "a", straight)
@@ -110,7 +110,7 @@ def test_lora_trainer_saves_merged_checkpoints_and_resumes_exactly(tmp_path, mod
     losses = [m["train/lm_loss"] for _, _, m in first + second]
     assert losses == pytest.approx([m["train/lm_loss"] for _, _, m in straight], abs=1e-5)
     with pytest.raises(ValueError, match="no trainer_state|no LoRA adapter state"):
-        from model.checkpoint import CheckpointMeta, save_checkpoint
+        from stagewise.model.checkpoint import CheckpointMeta, save_checkpoint
 
         plain_ckpt = save_checkpoint(tmp_path / "plain", model_factory(), None, CheckpointMeta("sft", 1, 1, "h"))
         _lora_trainer(model_factory, tmp_path / "c", []).resume(plain_ckpt)

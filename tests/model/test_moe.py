@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from model.build import build_model
-from model.config import ModelConfig
-from model.moe import RoutingMonitor, load_balancing_loss, max_violation
+from stagewise.model.build import build_model
+from stagewise.model.config import ModelConfig
+from stagewise.model.moe import RoutingMonitor, load_balancing_loss, max_violation
 
 VOCAB = 256
 E, K = 8, 2  # tiny: 8 routed experts, top-2; MoE layers 2 and 5

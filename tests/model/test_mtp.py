@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from model.build import build_model, load_model
-from model.config import ModelConfig
-from model.mtp import MTPHeads
+from stagewise.model.build import build_model, load_model
+from stagewise.model.config import ModelConfig
+from stagewise.model.mtp import MTPHeads
 
 VOCAB = 512
 

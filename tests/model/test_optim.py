@@ -2,8 +2,8 @@
 
 import torch
 
-from model.config import OptimizerConfig
-from model.optim import build_optimizer, param_groups
+from stagewise.model.config import OptimizerConfig
+from stagewise.model.optim import build_optimizer, param_groups
 
 
 def _names(model, group):

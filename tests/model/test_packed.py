@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.packed import cu_seqlens, packed_conv1d, packed_forward, position_ids_from_seq_idx
+from stagewise.model.packed import cu_seqlens, packed_conv1d, packed_forward, position_ids_from_seq_idx
 
 LENGTHS = [5, 23, 40, 1, 9, 17]  # 95 tokens; the row is padded to 100
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from model.config import ModelConfig
-from model.inspect import inspect_model
-from model.presets import preset_about, preset_kwargs, preset_names
+from stagewise.model.config import ModelConfig
+from stagewise.model.inspect import inspect_model
+from stagewise.model.presets import preset_about, preset_kwargs, preset_names
 
 PUBLISHED = ["nemotron-3-nano-30b-a3b", "nemotron-3-nano-4b", "nemotron-h-8b", "nemotron-nano-9b-v2"]
 

@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 
-from model.config import OptimizerConfig, ScheduleConfig, TrainConfig
-from model.engine import Trainer
-from model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
-from model.rl_batches import Prompt, RolloutBatches, RolloutSettings, decode_batch, encode_batch, pass_rates
-from model.rollout.hf import HFGenerator
+from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
+from stagewise.model.engine import Trainer
+from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
+from stagewise.model.rl_batches import Prompt, RolloutBatches, RolloutSettings, decode_batch, encode_batch, pass_rates
+from stagewise.model.rollout.hf import HFGenerator
 
 END = 3
 PROMPTS = {f"p{i}": Prompt(f"p{i}", "even" if i % 2 else "odd", tuple(random.Random(i).randrange(4, 200)
@@ -209,7 +209,7 @@ def _cfg(steps: int, every: int | None = None) -> TrainConfig:
 
 
 def test_the_plateau_rule_compares_two_windows():
-    from model.rl_batches import PlateauRule
+    from stagewise.model.rl_batches import PlateauRule
 
     rule = PlateauRule(window=3, min_gain=0.05)
     assert not rule.stalled([0.1] * 5, since=0)  # fewer than two windows
@@ -219,7 +219,7 @@ def test_the_plateau_rule_compares_two_windows():
 
 
 def test_a_stalled_reward_reprofiles_between_rollouts_and_resumes_the_same(model_factory, tmp_path):
-    from model.rl_batches import PlateauRule
+    from stagewise.model.rl_batches import PlateauRule
 
     cfg = _cfg(6, every=3)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.rollout import make_generator
-from model.rollout.hf import HFGenerator
-from model.rollout.process import ProcessGenerator, RemoteTraceback
+from stagewise.model.rollout import make_generator
+from stagewise.model.rollout.hf import HFGenerator
+from stagewise.model.rollout.process import ProcessGenerator, RemoteTraceback
 
 END, PAD = 3, 0
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [15]]

@@ -11,8 +11,8 @@ import types
 import pytest
 import torch
 
-from model.rollout import Rollout, make_generator
-from model.rollout.vllm import VLLMGenerator, rollouts_from_server
+from stagewise.model.rollout import Rollout, make_generator
+from stagewise.model.rollout.vllm import VLLMGenerator, rollouts_from_server
 
 END, PAD = 2, 0
 

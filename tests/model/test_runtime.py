@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.runtime import Runtime, RuntimeConfig, RuntimeUnavailable, resolve_runtime
+from stagewise.model.runtime import Runtime, RuntimeConfig, RuntimeUnavailable, resolve_runtime
 
 
 def test_auto_on_a_cpu_machine_is_cpu_fp32(monkeypatch):
@@ -41,7 +41,7 @@ def test_a_stage_precision_wins_over_the_runtime():
 def test_the_mamba_kernels_are_named_from_the_installed_distributions(monkeypatch):
     import importlib.metadata as md
 
-    from model.runtime import mamba_kernels
+    from stagewise.model.runtime import mamba_kernels
 
     assert mamba_kernels("cpu") == "none (cpu)"
     installed = {"mamba-ssm": "2.2.4", "causal-conv1d": "1.5.0"}

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from model.config import OptimizerConfig, ScheduleConfig
-from model.schedules import decay_tokens, lr_at
+from stagewise.model.config import OptimizerConfig, ScheduleConfig
+from stagewise.model.schedules import decay_tokens, lr_at
 
 PEAK, LOW = 4.5e-4, 4.5e-6
 OPT = OptimizerConfig(lr=PEAK, min_lr=LOW)

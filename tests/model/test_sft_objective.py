@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from model.objectives import LossContext
-from model.objectives.sft import SFTObjective
+from stagewise.model.objectives import LossContext
+from stagewise.model.objectives.sft import SFTObjective
 
 IGNORE = -100
 
@@ -99,7 +99,7 @@ def packed_rows(n_rows: int, length: int, seed: int) -> dict[str, torch.Tensor]:
         labels[last] = IGNORE
         rows.append({"input_ids": ids[None], "labels": labels[None], "seq_idx": seq[None], "position_ids": None})
     out = {k: torch.cat([r[k] for r in rows]) for k in ("input_ids", "labels", "seq_idx")}
-    from model.packed import position_ids_from_seq_idx
+    from stagewise.model.packed import position_ids_from_seq_idx
 
     out["position_ids"] = position_ids_from_seq_idx(out["seq_idx"])
     return out
@@ -152,8 +152,8 @@ def test_unknown_normalization():
 
 
 def test_mtp_heads_train_without_crossing_conversations(model_factory):
-    from model.mtp import attach_mtp
-    from model.objectives.sft import mtp_losses
+    from stagewise.model.mtp import attach_mtp
+    from stagewise.model.objectives.sft import mtp_losses
 
     model = model_factory()
     attach_mtp(model, num_heads=2)
@@ -174,9 +174,9 @@ def test_mtp_heads_train_without_crossing_conversations(model_factory):
 
 def test_the_engine_trains_packed_batches_unchanged(model_factory, tmp_path):
     """model.engine.Trainer takes PackedBatches + SFTObjective as they are (no engine change)."""
-    from data.sft_data import PackedBatches
-    from model.config import TrainConfig
-    from model.engine import Trainer
+    from stagewise.data.sft_data import PackedBatches
+    from stagewise.model.config import TrainConfig
+    from stagewise.model.engine import Trainer
 
     batch = packed_rows(8, 32, seed=7)
     rows = {k: v.numpy() for k, v in batch.items()}

@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from model.build import load_model
-from model.objectives.grpo import token_logprobs
-from model.teachers import HFTeacher, TeacherRouter, VLLMTeacher, logprobs_from_response, make_teacher
+from stagewise.model.build import load_model
+from stagewise.model.objectives.grpo import token_logprobs
+from stagewise.model.teachers import HFTeacher, TeacherRouter, VLLMTeacher, logprobs_from_response, make_teacher
 
 SEQS = [[5, 9, 200, 17, 3], [7, 7], [100, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [42, 43, 44]]
 

@@ -8,8 +8,8 @@ import torch
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    from model.build import build_model
-    from model.config import ModelConfig
+    from stagewise.model.build import build_model
+    from stagewise.model.config import ModelConfig
 
     model = build_model(ModelConfig(preset="tiny"), 4096, 0)
     model.config.architectures = ["NemotronHForCausalLM"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data.errors import BadInput
-from quant.calibration import read_texts, stream_batches
+from stagewise.data.errors import BadInput
+from stagewise.quant.calibration import read_texts, stream_batches
 
 
 def test_windows_come_from_each_streams_end_in_turn():

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from quant.export import PLAN_FILE, recount_bits, recounted_effective_bits
-from quant.load import decode_nvfp4, load_quantized
-from quant.operators import operators
-from quant.plan import Plan, copy_model, effective_bits, quantize_with_plan
+from stagewise.quant.export import PLAN_FILE, recount_bits, recounted_effective_bits
+from stagewise.quant.load import decode_nvfp4, load_quantized
+from stagewise.quant.operators import operators
+from stagewise.quant.plan import Plan, copy_model, effective_bits, quantize_with_plan
 
 
 def _plan(model) -> Plan:
@@ -24,7 +24,7 @@ def _plan(model) -> Plan:
 
 @pytest.fixture(scope="module")
 def exported(tiny_model, batches, tmp_path_factory):
-    from quant.export import export_checkpoint
+    from stagewise.quant.export import export_checkpoint
 
     plan = _plan(tiny_model)
     quantized = quantize_with_plan(copy_model(tiny_model), plan, batches, "cpu")
@@ -81,7 +81,7 @@ def test_decode_nvfp4_matches_modelopts_packing():
 
 
 def test_an_export_without_a_plan_is_refused(tmp_path):
-    from data.errors import BadInput
+    from stagewise.data.errors import BadInput
 
     with pytest.raises(BadInput, match="not a stagewise quantized export"):
         load_quantized(tmp_path)

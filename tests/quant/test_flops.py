@@ -3,9 +3,9 @@
 import pytest
 from torch import nn
 
-from model.build import build_model
-from model.config import ModelConfig
-from quant.flops import format_cost, operator_flops
+from stagewise.model.build import build_model
+from stagewise.model.config import ModelConfig
+from stagewise.quant.flops import format_cost, operator_flops
 
 
 @pytest.fixture(scope="module")

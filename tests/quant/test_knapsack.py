@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from data.errors import BadInput
-from quant.knapsack import solve
+from stagewise.data.errors import BadInput
+from stagewise.quant.knapsack import solve
 
 
 def brute_force(groups, budget):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from data.errors import BadInput
-from quant.config import Pin, QuantizeConfig
-from quant.operators import group_of, operators
-from quant.plan import copy_model, effective_bits, fixed_formats, search_plan, ultra_plan
+from stagewise.data.errors import BadInput
+from stagewise.quant.config import Pin, QuantizeConfig
+from stagewise.quant.operators import group_of, operators
+from stagewise.quant.plan import copy_model, effective_bits, fixed_formats, search_plan, ultra_plan
 
 
 def _search(model, batches, **kw):
-    from quant.flops import operator_flops
+    from stagewise.quant.flops import operator_flops
 
     cfg = QuantizeConfig(calib_batches=2, score_batches=2, **kw)
     return search_plan(copy_model(model), batches, cfg, "cpu", flops=lambda names: operator_flops(model, names))
@@ -49,7 +49,7 @@ def test_the_bits_budget_holds_and_a_lower_budget_gives_fewer_bits(bits_plan, ti
 
 
 def test_the_flops_budget_holds(tiny_model, batches):
-    from quant.flops import format_cost, operator_flops
+    from stagewise.quant.flops import format_cost, operator_flops
 
     plan = _search(tiny_model, batches, budget="flops", flop_fraction=0.4)
     flops = operator_flops(tiny_model, plan.searched)

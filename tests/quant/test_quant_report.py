@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from quant.operators import Operator
-from quant.plan import Plan
-from quant.report import build_report, summary_lines
+from stagewise.quant.operators import Operator
+from stagewise.quant.plan import Plan
+from stagewise.quant.report import build_report, summary_lines
 
 
 def _report():
@@ -30,7 +30,7 @@ def test_report_figures():
 
 
 def test_the_formats_chart_renders(tmp_path):
-    from eval.plots import quant_formats_plot
+    from stagewise.eval.plots import quant_formats_plot
 
     fig = quant_formats_plot(_report())
     fig.savefig(tmp_path / "q.png")

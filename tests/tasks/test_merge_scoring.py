@@ -11,20 +11,20 @@ import json
 
 import pytest
 
-from tasks.refs import CheckpointRef, PreparedRef
+from stagewise.store.refs import CheckpointRef, PreparedRef
 
 SUITE = ["world_arithmetic"]
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    from data.config import DataConfig, SourceConfig, TokenizerConfig
-    from data.prepare import prepare_data
-    from data.world.arithmetic import arithmetic_texts
-    from model.build import build_model
-    from model.checkpoint import CheckpointMeta, save_checkpoint
-    from model.config import ModelConfig
-    from tasks.tracking import Tracker
+    from stagewise.data.config import DataConfig, SourceConfig, TokenizerConfig
+    from stagewise.data.prepare import prepare_data
+    from stagewise.data.world.arithmetic import arithmetic_texts
+    from stagewise.model.build import build_model
+    from stagewise.model.checkpoint import CheckpointMeta, save_checkpoint
+    from stagewise.model.config import ModelConfig
+    from stagewise.store.tracking import Tracker
 
     base = tmp_path_factory.mktemp("merge_scoring")
     (base / "arith.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in arithmetic_texts(200, 0)))
@@ -43,8 +43,8 @@ def env(tmp_path_factory):
 
 
 def test_merge_scores_with_the_stage_scorers_under_merge_prefixes(env):
-    from tasks.evaluate import suite_task
-    from tasks.merge import merge_at_checkpoint_task
+    from stagewise.tasks.evaluate import suite_task
+    from stagewise.tasks.merge import merge_at_checkpoint_task
 
     base, prepared, checkpoints, tracker = env
     run_id = tracker.start_run("merge", {})

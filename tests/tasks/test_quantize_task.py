@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from quant.calibration import stream_batches
-from quant.config import QuantizeConfig
-from tasks.quantize import Scoring, quantize_checkpoint
+from stagewise.quant.calibration import stream_batches
+from stagewise.quant.config import QuantizeConfig
+from stagewise.tasks.quantize import Scoring, quantize_checkpoint
 
 
 def test_ultra_preset_exports_what_its_report_says(tiny_checkpoint, tmp_path):

@@ -6,17 +6,17 @@ import json
 
 import pytest
 
-from data.errors import BadInput
-from eval.rewards import RewardConfig
-from model.rollout import Rollout
-from tasks.rl import RLWiring, by_domain, load_tasks
+from stagewise.data.errors import BadInput
+from stagewise.eval.rewards import RewardConfig
+from stagewise.model.rollout import Rollout
+from stagewise.tasks.rl import RLWiring, by_domain, load_tasks
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_checkpoint):
     from transformers import AutoTokenizer
 
-    from data.chat import install_chat_template
+    from stagewise.data.chat import install_chat_template
 
     return install_chat_template(AutoTokenizer.from_pretrained(tiny_checkpoint))
 
@@ -88,7 +88,7 @@ class _Tracker:
 
 
 def test_heldout_scores_are_read_back_for_the_same_weights_only(tmp_path, tokenizer):
-    from tasks.rl import ScoresCache, heldout_eval_task
+    from stagewise.tasks.rl import ScoresCache, heldout_eval_task
 
     tasks = load_tasks(_rows(tmp_path, [ROW, {**ROW, "expected_answer": 6}]), "a", None, None)
     wiring = RLWiring(tokenizer, tasks, RewardConfig(), reasoning=False)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from data.sft_config import CurateConfig, SFTBlend, SFTDataSource, SFTWorldConfig
-from flows.recipe import SFTSubStage
-from tasks.sft_data import (
+from stagewise.data.sft_config import CurateConfig, SFTBlend, SFTDataSource, SFTWorldConfig
+from stagewise.recipe import SFTSubStage
+from stagewise.tasks.sft_data import (
     PackedRef,
     SFTDataError,
     blend_pack_task,
@@ -20,7 +20,7 @@ from tasks.sft_data import (
 )
 
 SOURCES = [SFTDataSource(name=n, path=f"@world/sft_{n}.jsonl") for n in ("arithmetic", "sorting", "lookup")]
-from tasks.steps import value_of
+from stagewise.store.steps import value_of
 
 
 def run(task, *args):
@@ -40,10 +40,10 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, world):
     """A tiny pretrain-like checkpoint: random NemotronH weights, a BPE without a chat template."""
-    from data.tokenizer import train_bpe
-    from model.build import build_model
-    from model.checkpoint import CheckpointMeta, save_checkpoint
-    from model.config import ModelConfig
+    from stagewise.data.tokenizer import train_bpe
+    from stagewise.model.build import build_model
+    from stagewise.model.checkpoint import CheckpointMeta, save_checkpoint
+    from stagewise.model.config import ModelConfig
 
     _, world_dir = world
     texts = [line for f in sorted(world_dir.glob("sft_*.jsonl")) for line in f.read_text().splitlines()]
@@ -84,7 +84,7 @@ def test_curate_keeps_clean_sources_and_reports_rejects(world):
 
 
 def test_curation_error_stops_with_the_source_named(world):
-    from data.curate import CurationError
+    from stagewise.data.curate import CurationError
 
     workdir, world_dir = world
     dirty = [SFTDataSource(name="dirty", path="@world/sft_dirty.jsonl")]
@@ -100,7 +100,7 @@ def test_curation_error_stops_with_the_source_named(world):
 def test_start_checkpoint_gets_the_chat_template_and_eos(world, checkpoint):
     from transformers import AutoTokenizer
 
-    from model.checkpoint import read_meta, weights_sha256
+    from stagewise.model.checkpoint import read_meta, weights_sha256
 
     workdir, _ = world
     before = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
@@ -123,7 +123,7 @@ def _sub(name: str, **kw) -> SFTSubStage:
 
 
 def test_blend_pack_with_keep_previous(world, checkpoint):
-    from data.sft_data import load_packed
+    from stagewise.data.sft_data import load_packed
 
     workdir, world_dir = world
     curated = run(curate_task, SOURCES, CurateConfig(), str(world_dir), str(workdir), str(workdir))

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
-from tasks.data_profile import ARTIFACT_DIR, sft_profile_task
-from tasks.sft_data import curate_task, sft_world_task
-from tasks.steps import value_of
+from stagewise.data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
+from stagewise.tasks.data_profile import ARTIFACT_DIR, sft_profile_task
+from stagewise.tasks.sft_data import curate_task, sft_world_task
+from stagewise.store.steps import value_of
 
 SOURCES = [SFTDataSource(name="calculator", path="@world/sft_calculator.jsonl"),
            SFTDataSource(name="sorting", path="@world/sft_sorting.jsonl"),
@@ -36,8 +36,8 @@ def sub(name: str, seq_length: int, weights: dict) -> SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory):
-    from data.chat import install_chat_template
-    from data.tokenizer import train_bpe
+    from stagewise.data.chat import install_chat_template
+    from stagewise.data.tokenizer import train_bpe
 
     workdir = tmp_path_factory.mktemp("profw")
     world = value_of(sft_world_task.fn(SFTWorldConfig(per_domain=30, long_context=1), 50, 5, str(workdir)))

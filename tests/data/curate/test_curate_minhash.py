@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from data.curate.dedup import ExactDedup, NearDedup, near_duplicates
-from data.curate.minhash import LSHIndex, MinHasher, candidate_probability, jaccard_estimate, optimal_bands, shingle_hashes
-from data.curate.structural import Rejected
+from stagewise.data.curate.dedup import ExactDedup, NearDedup, near_duplicates
+from stagewise.data.curate.minhash import LSHIndex, MinHasher, candidate_probability, jaccard_estimate, optimal_bands, shingle_hashes
+from stagewise.data.curate.structural import Rejected
 
 WORDS = [f"w{i}" for i in range(5000)]
 

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from data.curate import CHECKS, CurationError, curate
-from data.sft_config import CurateConfig
-from data.world.conversations import dirty_lines, domain_conversations
+from stagewise.data.curate import CHECKS, CurationError, curate
+from stagewise.data.sft_config import CurateConfig
+from stagewise.data.world.conversations import dirty_lines, domain_conversations
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from data.curate.repetition import check_repetition, max_in_window, repeated_fraction, window_repeats
-from data.curate.structural import Rejected
-from data.sft_config import CurateConfig
+from stagewise.data.curate.repetition import check_repetition, max_in_window, repeated_fraction, window_repeats
+from stagewise.data.curate.structural import Rejected
+from stagewise.data.sft_config import CurateConfig
 
 
 def conv(answer: str, reasoning: str | None = None) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from data.curate.structural import Rejected, check_structure, parse_line
+from stagewise.data.curate.structural import Rejected, check_structure, parse_line
 
 U = {"role": "user", "content": "What is 2 + 2?"}
 A = {"role": "assistant", "content": "4"}

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from model.checkpoint import CheckpointMeta, weights_sha256
+from stagewise.model.checkpoint import CheckpointMeta, weights_sha256
 
 CONFIG = {"model_type": "toy", "hidden_size": 4, "architectures": ["Toy"]}
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from model.merge import SCHEDULES, MergeInputError, merge_coefficients
+from stagewise.model.merge import SCHEDULES, MergeInputError, merge_coefficients
 
 
 def test_minus_sqrt_n5_matches_the_published_values():

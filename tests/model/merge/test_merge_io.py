@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from model.merge.layout import read_layout
-from model.merge.reader import TensorReader
-from model.merge.st_writer import StreamingSafetensorsWriter
+from stagewise.model.merge.layout import read_layout
+from stagewise.model.merge.reader import TensorReader
+from stagewise.model.merge.st_writer import StreamingSafetensorsWriter
 
 TENSORS = {
     "w": torch.randn(5, 3),

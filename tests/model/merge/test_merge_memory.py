@@ -17,13 +17,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from model.checkpoint import CheckpointMeta, weights_sha256
+from stagewise.model.checkpoint import CheckpointMeta, weights_sha256
 
 _SCRIPT = r"""
 import json, sys, torch
 from pathlib import Path
 from safetensors.torch import load_file
-from model.merge import merge_checkpoints, merge_coefficients
+from stagewise.model.merge import merge_checkpoints, merge_coefficients
 
 def rss(key):
     for line in open("/proc/self/status"):

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from model.checkpoint import CheckpointMeta, read_meta, save_checkpoint, weights_sha256
-from model.merge import MANIFEST, MergeInputError, merge_checkpoints, merge_coefficients
+from stagewise.model.checkpoint import CheckpointMeta, read_meta, save_checkpoint, weights_sha256
+from stagewise.model.merge import MANIFEST, MergeInputError, merge_checkpoints, merge_coefficients
 
 
 def _known(i: int) -> dict[str, torch.Tensor]:

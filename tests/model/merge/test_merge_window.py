@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from model.merge import MergeInputError, select_window
+from stagewise.model.merge import MergeInputError, select_window
 
 CKPTS = [(Path(f"step-{i:03d}"), 25 * i) for i in range(1, 13)]  # 25, 50, ..., 300 tokens
 

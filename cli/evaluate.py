@@ -1,0 +1,210 @@
+"""`stagewise eval` and `stagewise cutoffs`: measure checkpoints and replay gate rules.
+
+Both commands judge training after the fact: `eval` scores a checkpoint on lm-eval tasks (a
+suite from a recipe's eval block, or tasks by name); `cutoffs` replays a gate rule on a
+stage's finished MLflow runs to show where it first held and what its guards did afterwards.
+The module is not called `eval` so that it never shadows the builtin inside the package.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from stagewise.cli.options import DebugOpt, ExperimentOpt, JsonOpt, RuleOpt, SetOpt, TrackingUriOpt, load
+from stagewise.cli.output import emit, guarded
+from stagewise.recipe.errors import BadInput
+
+def _eval_tasks(suite: Optional[str], recipe: Optional[Path], tasks: Optional[str], overrides: list[str]) -> list[str]:
+    """The task list from --tasks, or from --suite in the recipe's eval block."""
+    if (suite is None) == (tasks is None):
+        raise BadInput("give --suite NAME (with --recipe) or --tasks a,b (not both)")
+    if tasks is not None:
+        names = [t.strip() for t in tasks.split(",") if t.strip()]
+        if not names:
+            raise BadInput("--tasks: no task names given")
+        return names
+    if recipe is None:
+        raise BadInput(f"--suite {suite}: suites live in a recipe's eval block; add --recipe RECIPE (or use --tasks)")
+    from stagewise.eval.harness import UnknownSuiteError, resolve_suite
+
+    try:
+        return resolve_suite(load(recipe, overrides).recipe.eval, suite)
+    except UnknownSuiteError as e:
+        raise BadInput(str(e)) from e
+
+
+def _runtime(device: str, recipe: Optional[Path], overrides: list[str]):
+    """Where to evaluate: --device when given, else the recipe's runtime block, else auto (exit 2 when unavailable)."""
+    from stagewise.model.runtime import RuntimeConfig, RuntimeUnavailable, resolve_runtime
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise BadInput(f"--device: expected auto, cpu or cuda, got {device!r}")
+    cfg = RuntimeConfig(device=device)
+    if device == "auto" and recipe is not None:
+        cfg = load(recipe, overrides).recipe.runtime
+    try:
+        return resolve_runtime(cfg)
+    except RuntimeUnavailable as e:
+        raise BadInput(f"{'--device' if device != 'auto' else e.field}: {e}") from None
+
+
+@guarded
+def eval_cmd(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint directory (HF format, with config.json).", show_default=False),
+    suite: Optional[str] = typer.Option(None, "--suite", help="Suite name from the recipe's `eval` block."),
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="Recipe whose `eval` block defines --suite."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated lm-eval tasks, tags or groups instead of a suite (e.g. world, or world_lookup,arc_easy)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N items per task (a quick look)."),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, help="Sequences per forward pass."),
+    device: str = typer.Option("auto", "--device", help="auto (the recipe's runtime.device with --recipe, else cuda when present, else cpu), cpu or cuda."),
+    overrides: list[str] = SetOpt,
+    as_json: bool = JsonOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Score a checkpoint on lm-eval benchmarks: a suite from a recipe, or tasks by name.
+
+    Local tasks about the demo world (world_arithmetic, world_lookup, ..., tag `world`)
+    run offline; standard lm-eval task names work too.
+
+    \b
+    Example:
+      stagewise eval runs/tiny/stages/pretrain-*/step-00000360 --suite chat --recipe recipes/tiny.yaml --limit 20
+      stagewise eval runs/tiny/stages/pretrain-*/step-00000360 --tasks world --json
+    """
+    names = _eval_tasks(suite, recipe, tasks, overrides)
+    from stagewise.model.checkpoint_check import check_checkpoint
+
+    check_checkpoint(checkpoint, tokenizer=True)
+    from stagewise.eval.harness import UnknownTaskError, run_checkpoint, task_manager
+
+    try:
+        task_manager(names)  # a typo exits 2 before the model loads
+    except UnknownTaskError as e:
+        raise BadInput(str(e)) from e
+    runtime = _runtime(device, recipe, overrides)
+    result = run_checkpoint(checkpoint, names, limit=limit, batch_size=batch_size, device=runtime.device)
+    report = {"checkpoint": str(checkpoint), "tasks": names, "limit": limit, "runtime": runtime.model_dump(),
+              "metrics": result.metrics}
+
+    def text() -> None:
+        typer.echo(f"{checkpoint}  ({', '.join(names)}{f', limit {limit}' if limit else ''})")
+        width = max((len(k) for k in result.metrics), default=0)
+        for key, value in result.metrics.items():
+            typer.echo(f"  {key:<{width}}  {value:.4f}")
+
+    emit(report, as_json, text)
+
+
+def _tracking_uri(uri: Optional[str]) -> str:
+    """--tracking-uri, else MLFLOW_TRACKING_URI; a SQLite store must exist (reading must not create one)."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise BadInput("no MLflow store: give --tracking-uri URI (e.g. sqlite:///runs/tiny/mlflow.db) or set MLFLOW_TRACKING_URI")
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        raise BadInput(f"no MLflow store at {uri} (file not found)")
+    return uri
+
+
+def _replay(tracker, runs, rule) -> list[dict]:
+    """Per run: the cutoff report, or the error (a run that lacks a rule metric)."""
+    from stagewise.eval.cutoffs import run_cutoff
+    from stagewise.eval.gates import UnknownMetricError, check_metrics
+
+    out = []
+    for run in runs:
+        try:
+            check_metrics(rule, tracker.metric_names(run.run_id))  # names what the run has when one is missing
+            histories = tracker.metric_histories(run.run_id, rule.metrics())
+            out.append({**run_cutoff(run.run_id, rule, histories, run.name).to_dict(), "error": None, "_histories": histories})
+        except UnknownMetricError as e:
+            out.append({"run_id": run.run_id, "run_name": run.name, "cutoff": None, "guards": [], "error": str(e)})
+    if out and all(r["error"] for r in out):
+        raise BadInput(out[0]["error"])
+    return out
+
+
+def _cutoff_figure(reports: list[dict], rule, title: str):
+    from stagewise.eval.plots import cutoff_plot
+
+    runs = {f"{r['run_name']} {r['run_id'][:6]}": r["_histories"] for r in reports if "_histories" in r}
+    cuts = {f"{r['run_name']} {r['run_id'][:6]}": (r["cutoff"] or {}).get("tokens_seen") for r in reports if "_histories" in r}
+    thresholds: dict[str, list[float]] = {}
+    for _, c in rule.conditions():
+        if not c.relative:
+            thresholds.setdefault(c.metric, []).append(c.value)
+    return cutoff_plot(runs, rule.metrics(), cuts, thresholds, title)
+
+
+def _print_cutoffs(reports: list[dict]) -> None:
+    for r in reports:
+        head = f"run {r['run_name'] or '?'} ({r['run_id']})"
+        if r["error"]:
+            typer.echo(f"{head}: skipped, {r['error']}")
+            continue
+        cut = r["cutoff"]
+        if cut is None:
+            typer.echo(f"{head}: rule never held (last evaluation: step {r['last_step']}, {r['last_tokens'] or 0:,} tokens)")
+        else:
+            typer.echo(f"{head}: rule first held at step {cut['step']}, {cut['tokens_seen']:,} tokens")
+            for metric, value in cut["values"].items():
+                typer.echo(f"    {metric} = {value:.4g}")
+        for g in r["guards"]:
+            fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
+            typer.echo(f"  guard {g['metric']}: {fmt(g['at_cutoff'])} at {'cutoff' if cut else 'start'} -> "
+                       f"{fmt(g['final'])} final (worst {fmt(g['worst_after'])}, {g['evaluations_after']} evaluations after)")
+
+
+@guarded
+def cutoffs_cmd(
+    experiment: str = ExperimentOpt,
+    stage: str = typer.Option(..., "--stage", help="Stage whose runs to replay, e.g. pretrain."),
+    rule: Path = RuleOpt,
+    tracking_uri: Optional[str] = TrackingUriOpt,
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of the rule's metrics over tokens with each cutoff marked."),
+    as_json: bool = JsonOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Replay a gate rule on a stage's finished runs: where it first held, and what the guards did after.
+
+    \b
+    Example:
+      stagewise cutoffs --experiment tiny --stage pretrain --rule rule.yaml \
+        --tracking-uri sqlite:///runs/tiny/mlflow.db --plot cutoffs.png
+    with rule.yaml holding e.g.  all: [{metric: eval/validation/loss, op: "<", value: 3.5}]
+    """
+    from stagewise.eval.cutoffs import load_rule
+    from stagewise.store.tracking import Tracker
+
+    if not rule.is_file():
+        raise BadInput(f"rule file not found: {rule}")
+    parsed = load_rule(rule)  # names the file, line and field of a bad rule (exit 2)
+    tracker = Tracker(_tracking_uri(tracking_uri), experiment)
+    try:
+        runs = tracker.find_stage_runs(experiment, stage)
+    except LookupError as e:
+        raise BadInput(str(e)) from e
+    if not runs:
+        stages = tracker.stages_in(experiment)
+        raise BadInput(f"no runs of stage {stage!r} in experiment {experiment!r}; stages there: {', '.join(stages) or '(none)'}")
+    # A stage trained in sub-stages (sft) gates each sub-stage in its own run; the stage's
+    # own run holds only its before/after evaluations, which a rule must not be replayed on.
+    runs = [r for r in runs if "stagewise.substages" not in r.tags] or runs
+    reports = _replay(tracker, runs, parsed)
+    if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        _cutoff_figure(reports, parsed, f"{experiment} / {stage}: rule metrics over tokens").savefig(plot)
+    for r in reports:
+        r.pop("_histories", None)
+    result = {"experiment": experiment, "stage": stage, "rule": str(rule), "plot": str(plot) if plot else None, "runs": reports}
+
+    def text() -> None:
+        typer.echo(f"experiment {experiment}, stage {stage}, rule {rule}: {len(reports)} run(s)")
+        _print_cutoffs(reports)
+        if plot is not None:
+            typer.echo(f"plot: {plot}")
+
+    emit(result, as_json, text)

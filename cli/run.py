@@ -1,0 +1,122 @@
+"""`stagewise run` and `stagewise demo`: train a recipe's stages as one Prefect flow.
+
+These are the commands that start training; both go through `_run`, which checks the chosen
+stages and runs the recipe doctor (recipe/doctor/__init__.py, `stagewise check`) before Prefect is
+imported: a typo exits 2 at once, and so does a recipe the doctor finds errors in (unless
+`run --force`); its warnings are printed and the run goes on. `demo` is `run` on the shipped
+recipes/tiny.yaml plus a pointer to the MLflow UI, which is why `shipped_recipe` lives here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from stagewise.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt, load
+from stagewise.cli.output import BadInput, emit, guarded
+
+def shipped_recipe(name: str) -> Path:
+    """A recipe shipped with stagewise: next to the package (source checkout) or in ./recipes."""
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):  # cli/run.py -> the checkout
+        if (root / "recipes" / name).is_file():
+            return root / "recipes" / name
+    raise BadInput(f"cannot find the shipped recipe recipes/{name} (looked next to the package and in {Path.cwd()})")
+
+
+def _closing(result: dict) -> None:
+    """The human ending of a run: the closing table, then where the results are."""
+    from stagewise.flows.closing_table import render
+
+    typer.echo("\n" + render(result["stages"]))
+    typer.echo(f"\nResults are under {result['workdir']}; MLflow {result['tracking_uri']} "
+               f"(experiment '{result['experiment']}'); runtime {result['runtime']['device']}/"
+               f"{result['runtime']['precision']}.")
+
+
+def doctor(loaded, stages: Optional[list[str]], force: bool, label: str = "") -> None:
+    """The recipe doctor on the stages that will run: warnings to stderr, errors exit 2 unless `force`
+    (`label` prefixes every line: `stagewise ablate` names the variant)."""
+    from stagewise.recipe.doctor import diagnose, failing
+    from stagewise.recipe.errors import show_file
+
+    findings = diagnose(loaded, stages)
+    errors = failing(findings)
+    if errors and not force:
+        for f in findings:
+            if f not in errors:
+                typer.echo(label + f.line(), err=True)
+        raise BadInput(f"{label}the recipe doctor found {len(errors)} error(s); fix them, or run anyway with --force "
+                       f"(`stagewise check {show_file(str(loaded.path))}` lists every rule):\n"
+                       + "\n".join(label + f.line() for f in errors))
+    for f in findings:
+        typer.echo(label + f.line(), err=True)
+
+
+def _run(loaded, stages: Optional[str], resume: bool, force: bool = False) -> dict:
+    from stagewise.recipe import select_stages
+
+    chosen = select_stages(loaded.recipe, stages)  # bad names exit 2 before Prefect starts
+    doctor(loaded, chosen, force)
+    from stagewise.flows.pipeline import run_pipeline
+
+    return run_pipeline(loaded, stages=chosen, resume=resume)
+
+
+@guarded
+def run(
+    recipe: Path = RecipeArg,
+    stages: Optional[str] = typer.Option(None, "--stages", help="Comma-separated stages to run (default: every stage in the recipe)."),
+    overrides: list[str] = SetOpt,
+    resume: bool = typer.Option(False, "--resume", help="Continue each stage from its latest checkpoint."),
+    force: bool = typer.Option(False, "--force", help="Run even when the recipe doctor (`stagewise check`) finds errors."),
+    as_json: bool = JsonOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Run a recipe's stages as one Prefect flow, tracked in MLflow.
+
+    The recipe doctor (`stagewise check`) judges the chosen stages first: its warnings are
+    printed, its errors stop the run with exit 2 before anything starts, unless --force.
+
+    Ends with one row per stage: its target metric before -> after, tokens, wall time and
+    MLflow run id (`--json`: the same rows under "stages", each with its full result). A rerun
+    of an unchanged recipe trains nothing: finished steps are reused (Cached in Prefect).
+
+    \b
+    Example:
+      stagewise run recipes/tiny.yaml --stages pretrain --set stages.pretrain.tokens=491520
+      stagewise run recipes/tiny.yaml --set runtime.device=cpu --json
+    """
+    loaded = load(recipe, overrides)
+    result = _run(loaded, stages, resume, force)
+    emit(result, as_json, lambda: _closing(result))
+
+
+@guarded
+def demo(
+    overrides: list[str] = SetOpt,
+    resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint."),
+    as_json: bool = JsonOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Train the tiny CPU demo end to end: world data, tokenizer, phased pretraining, MLflow.
+
+    Runs the shipped recipes/tiny.yaml (minutes on a laptop) and says where the results are.
+
+    \b
+    Example:
+      stagewise demo --set stages.pretrain.tokens=491520
+    """
+    loaded = load(shipped_recipe("tiny.yaml"), overrides)
+    result = _run(loaded, None, resume)
+    workdir = result.get("workdir", str(Path(loaded.recipe.workdir).resolve()))
+    uri = result.get("tracking_uri") or f"sqlite:///{Path(workdir) / 'mlflow.db'}"
+    result = {**result, "mlflow_ui": f"mlflow ui --backend-store-uri {uri}"}
+
+    def text() -> None:
+        _closing(result)
+        typer.echo(f"Open the MLflow UI:  {result['mlflow_ui']}"
+                   f"  (then http://127.0.0.1:5000, experiment '{result.get('experiment', loaded.recipe.name)}')")
+
+    emit(result, as_json, text)

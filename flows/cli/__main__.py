@@ -1,8 +1,0 @@
-"""`python -m flows.cli ...`: the same command as the `stagewise` console script.
-
-Tests and scripts run the CLI with the current interpreter this way; it only calls main().
-"""
-
-from flows.cli import main
-
-main()

@@ -1,0 +1,160 @@
+"""The `engine:` and `launch:` keys of a trainable stage: which engine trains it, where, how parallel.
+
+`engine: torch` (the default) is our own engine in this process. `megatron` (pretrain, long_context,
+sft) and `nemo_rl` (rl, distill) are launched processes: `launch` says in which environment
+(a container image or a venv), on how many nodes and GPUs, through which scheduler, and with
+which model-parallel sizes. The translations (engines/megatron/translate.py,
+engines/nemo_rl/translate.py) read these; the data-parallel size is what the GPUs leave.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from stagewise.config_base import StrictConfig
+
+Engine = Literal["torch", "megatron", "nemo_rl"]
+"""torch: ours, in process. megatron: Megatron-Bridge. nemo_rl: NeMo RL (GRPO, on-policy distillation)."""
+
+ENGINES_BY_STAGE: dict[str, tuple[str, ...]] = {
+    "pretrain": ("torch", "megatron"),
+    "long_context": ("torch", "megatron"),
+    "sft": ("torch", "megatron"),
+    "rl": ("torch", "nemo_rl"),
+    "distill": ("torch", "nemo_rl"),
+}
+"""The engines each trainable stage can be given."""
+
+
+
+class Parallelism(StrictConfig):
+    """Model-parallel sizes; data parallelism is what the GPUs leave (gpus / (tp * pp * cp))."""
+
+    tp: int = Field(1, ge=1)
+    """Tensor parallel size."""
+    pp: int = Field(1, ge=1)
+    """Pipeline parallel size."""
+    cp: int = Field(1, ge=1)
+    """Context parallel size (long sequences split across GPUs)."""
+    ep: int = Field(1, ge=1)
+    """Expert parallel size (MoE presets)."""
+    etp: int | None = Field(None, ge=1)
+    """Expert tensor parallel size (None: the engine's default)."""
+    sequence_parallel: bool = False
+    """Shard norms and dropout activations along the sequence over the TP group (needs tp > 1)."""
+    cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] | None = None
+    """How context-parallel ranks exchange keys and values (None: the engine's default)."""
+
+    @model_validator(mode="after")
+    def _sp_needs_tp(self) -> "Parallelism":
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1")
+        return self
+
+    @property
+    def model_parallel(self) -> int:
+        """GPUs one model replica spans (experts ride on the data-parallel ranks)."""
+        return self.tp * self.pp * self.cp
+
+
+class EngineEnv(StrictConfig):
+    """The environment the engine runs in: a container image or a venv (exactly one)."""
+
+    image: str | None = None
+    """Container image with the engine installed (e.g. nvcr.io/nvidia/nemo:26.08)."""
+    venv: str | None = None
+    """A virtual environment directory with the engine installed (its bin/python runs the launch)."""
+    workdir: str | None = None
+    """Working directory inside the environment (e.g. /opt/Megatron-Bridge); None: the run directory."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "EngineEnv":
+        if (self.image is None) == (self.venv is None):
+            raise ValueError("give exactly one of `image` (a container) or `venv` (a directory)")
+        return self
+
+
+class SlurmOptions(StrictConfig):
+    """sbatch settings for `scheduler: slurm`."""
+
+    partition: str | None = None
+    """Partition (None: the cluster's default)."""
+    account: str | None = None
+    """Account to charge."""
+    time: str = "04:00:00"
+    """Wall-clock limit (HH:MM:SS)."""
+    container_mounts: list[str] = Field(default_factory=list)
+    """`src:dst` mounts for pyxis/enroot (the run directory is always mounted)."""
+
+
+class KubernetesOptions(StrictConfig):
+    """Job settings for `scheduler: kubernetes`."""
+
+    namespace: str = "default"
+    """Namespace of the Job."""
+    volume_claim: str | None = None
+    """A PersistentVolumeClaim mounted at the run directory's path (None: you mount it yourself)."""
+
+
+class LaunchConfig(StrictConfig):
+    """Where and how a launched engine runs."""
+
+    env: EngineEnv
+    """The engine's environment."""
+    scheduler: Literal["local", "slurm", "kubernetes"] = "local"
+    """local: torchrun on this node. slurm: an sbatch script with srun. kubernetes: a Job manifest."""
+    nodes: int = Field(1, ge=1)
+    """Nodes."""
+    gpus_per_node: int = Field(8, ge=1)
+    """GPUs per node."""
+    parallel: Parallelism = Field(default_factory=Parallelism)
+    """Model-parallel sizes."""
+    slurm: SlurmOptions = Field(default_factory=SlurmOptions)
+    """Used when scheduler is slurm."""
+    kubernetes: KubernetesOptions = Field(default_factory=KubernetesOptions)
+    """Used when scheduler is kubernetes."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> "LaunchConfig":
+        gpus = self.nodes * self.gpus_per_node
+        if gpus % self.parallel.model_parallel:
+            raise ValueError(f"{gpus} GPUs ({self.nodes} x {self.gpus_per_node}) are not a multiple of "
+                             f"tp * pp * cp = {self.parallel.model_parallel}")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        """All GPUs of the launch."""
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel size: the GPUs one model replica leaves."""
+        return self.gpus // self.parallel.model_parallel
+
+
+class NemoGym(StrictConfig):
+    """NeMo Gym's side of `engine: nemo_rl` (rl, distill): NeMo RL scores rows with NeMo Gym
+    servers, not with our verifiers (eval/environments), so the recipe says which Gym agent
+    verifies the rows of each of our environments and which Gym configs start those agents."""
+
+    agents: dict[str, str] = Field(default_factory=dict)
+    """Our environment (exact_answer, json_answer, ...) -> the NeMo Gym agent that verifies its rows
+    there (written as each row's `agent_ref.name` unless the row names one)."""
+    config_paths: list[str] = Field(default_factory=list)
+    """NeMo Gym server configs that serve those agents, as NeMo RL's `env.nemo_gym.config_paths`
+    (e.g. resources_servers/math_with_judge/configs/math_with_judge.yaml); the policy's own model
+    server is added first."""
+
+
+class EngineChoice(StrictConfig):
+    """The `engine` and `launch` keys every trainable stage block has (recipe/checks.py checks
+    the engine against the stage: ENGINES_BY_STAGE, and that a launched engine has a `launch`)."""
+
+    engine: Engine = "torch"
+    """Which engine trains the stage: torch (ours, in this process), megatron (Megatron-Bridge:
+    pretrain, long_context, sft) or nemo_rl (NeMo RL: rl, distill), the last two launched."""
+    launch: LaunchConfig | None = None
+    """Where a launched engine runs (its environment, nodes, GPUs, scheduler, parallel sizes)."""

@@ -1,0 +1,32 @@
+"""The recipe block of the quantize stage (`stages.quantize`), composed into recipe/schema.py.
+
+It is the library's QuantizeConfig (formats, budget, pins, calibration sizes: quant/config.py)
+plus what only the stage decides: what calibrates it, what it is scored on, and how closely.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from stagewise.quant.config import QuantizeConfig
+
+
+class QuantizeStage(QuantizeConfig):
+    """Per-operator NVFP4 / FP8 / BF16 under a budget (or the Ultra heuristic), exported for deployment."""
+
+    calib: str | None = None
+    """Calibration text: a JSONL file (`text` per line) or a text file, relative to the recipe;
+    default the recipe's validation text (the prepared data's held-out shards)."""
+    heldout: str | None = None
+    """Held-out conversations scored BF16 vs quantized (greedy exact match); default the SFT world's
+    `@world/sft_eval.jsonl` when the recipe has one."""
+    heldout_limit: int | None = Field(200, gt=0)
+    """Held-out conversations answered per model (None: all)."""
+    val_tokens: int = Field(16384, gt=0)
+    """Validation tokens scored per model (validation loss)."""
+    eval_suite: str | None = None
+    """An eval suite (recipe `eval` block) scored on both models as well."""
+    eval_limit: int | None = Field(40, gt=0)
+    """Items per task of that suite (None: all)."""
+    max_drop: float | None = Field(None, ge=0)
+    """Fail the stage when held-out exact match drops by more than this (None: report only)."""

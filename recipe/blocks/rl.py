@@ -1,0 +1,160 @@
+"""The recipe block of the RL stage (`stages.rl`), composed into recipe/schema.py.
+
+It composes the libraries' configs (model.rl_batches.RolloutSettings, model.objectives.grpo
+.GRPOConfig, data.rl_curriculum.CurriculumConfig, eval.rewards.RewardConfig) with what only
+the stage decides: where the task rows come from, how many steps, the difficulty profile and
+held-out evaluation. RL budgets are optimizer steps (one step = `prompts_per_step` x
+`group_size` rollouts), as in every published RL recipe; the engine converts them to its
+token count internally.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from stagewise.config_base import StrictConfig
+from stagewise.data.rl_curriculum import CurriculumConfig
+from stagewise.eval.rewards import RewardConfig
+from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig
+from stagewise.model.objectives.grpo import GRPOConfig
+from stagewise.model.rl_batches import PlateauRule, RolloutSettings
+from stagewise.recipe.blocks.engine import EngineChoice, NemoGym
+
+
+
+class RLWorldConfig(StrictConfig):
+    """The demo world's verifiable task rows (written under <workdir>/rl_world/)."""
+
+    per_domain: int = Field(600, gt=0)
+    """Rows per domain (arithmetic, format, calculator, sorting) before the held-out split."""
+    eval_fraction: float = Field(0.15, gt=0, lt=1)
+    """Share of prompts held out (by prompt hash) into rl_eval.jsonl: scored, never trained on."""
+    entities: int | None = Field(None, gt=0)
+    """Entity count for fact questions (default: the pretraining world's `facts`)."""
+    max_digits: int | None = Field(None, gt=0)
+    """Numbers in arithmetic and JSON-sum prompts have at most this many digits (1: mental
+    arithmetic, what a tiny model can sometimes get right; None: the SFT world's mix)."""
+    format_kinds: list[Literal["json_answer", "uppercase"]] | None = None
+    """Which format rows to write (None: both; uppercase includes recalled entity facts)."""
+
+
+class RLSource(StrictConfig):
+    """A JSONL file of task rows (a NeMo Gym-compatible subset: responses_create_params.input, expected_answer...)."""
+
+    name: str
+    """Source name (the domain too, unless `domain` or the rows say otherwise)."""
+    path: str
+    """JSONL path: relative to the recipe, absolute, or `@world/<file>` for the demo world's rows."""
+    domain: str | None = None
+    """Domain of every row (default: each row's `domain`, else the source name)."""
+    environment: str | None = None
+    """Verifier of every row (default: each row's `environment` key): exact_answer, json_answer, uppercase,
+    calculator or sorting (eval/environments/; a new one is a function and a registry line)."""
+    on_bad_line: Literal["error", "skip"] = "error"
+    """A malformed row stops the stage naming its line (error) or is skipped and counted (skip)."""
+
+
+class RLData(StrictConfig):
+    """Task rows to train on and to score."""
+
+    world: RLWorldConfig | None = None
+    """Generate the demo world's rows (train: rl_<domain>.jsonl, held out: rl_eval.jsonl)."""
+    sources: list[RLSource] = Field(min_length=1)
+    """Training rows."""
+    heldout: str | None = None
+    """Held-out rows for pass@1 before and after (default with a world: @world/rl_eval.jsonl)."""
+    heldout_limit: int | None = Field(240, gt=0)
+    """Held-out rows scored, taken round-robin over domains (None: all)."""
+    heldout_samples: int = Field(8, gt=0)
+    """Responses per held-out prompt for pass@1 (the mean verifier result at the rollout temperature)."""
+
+
+class DifficultyFilter(StrictConfig):
+    """Profile every training prompt with the starting policy and drop the ones it always solves."""
+
+    samples: int = Field(8, ge=2)
+    """k: responses per prompt for its pass rate."""
+    drop_solved: bool = True
+    """Drop prompts solved k/k (no signal left)."""
+    drop_unsolved: bool = False
+    """Also drop prompts solved 0/k (default: kept and counted; the curriculum weighs them late)."""
+
+
+class RLStage(EngineChoice):
+    """GRPO on verifiable rewards (docs/ALGORITHMS.md sections 5 and 6)."""
+
+    data: RLData
+    """Task rows, held-out rows."""
+    steps: int = Field(gt=0)
+    """Optimizer steps (one rollout batch each, or every `rollout.minibatches` steps)."""
+    prompts_per_step: int = Field(16, gt=0)
+    """Prompts per step; each is sampled group_size times."""
+    domains: dict[str, float] | None = None
+    """Share of each domain in every batch (default: equal over the sources' domains)."""
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    """Group size, response length, temperature, one-step off-policy."""
+    filter: DifficultyFilter | None = Field(default_factory=DifficultyFilter)
+    """The difficulty profile (None: no profile, every prompt kept at pass rate 0.5)."""
+    curriculum: CurriculumConfig | None = Field(default_factory=CurriculumConfig)
+    """Gaussian curriculum over pass rates, easy to hard (None: uniform within each domain)."""
+    reprofile: PlateauRule | None = None
+    """Re-profile the training prompts with the current policy when the training reward stalls,
+    so the curriculum weighs what is hard now (None: the starting profile throughout)."""
+    rewards: RewardConfig = Field(default_factory=RewardConfig)
+    """Reward components and their weights."""
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    """Clipping, masked importance sampling, KL (its temperature is the rollout's)."""
+    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-4, min_lr=1e-4, weight_decay=0.0))
+    """AdamW settings."""
+    schedule: ScheduleConfig = Field(default_factory=lambda: ScheduleConfig(kind="constant"))
+    """Learning-rate schedule (constant by default)."""
+    micro_batch: int = Field(64, gt=0)
+    """Responses per forward/backward."""
+    reasoning: bool = False
+    """Render prompts with reasoning on (the model thinks first) or off (it answers directly)."""
+    backend: Literal["hf", "hf-process", "vllm"] = "hf"
+    """Rollout backend: hf (transformers' generate in process, CPU or GPU), hf-process (the same in a
+    worker process, so off-policy sampling overlaps training without the GIL), or vllm (a vLLM
+    server started with TRL's weight-sync flags, model/rollout/vllm.py; GPU extra)."""
+    worker_threads: int = Field(1, ge=1)
+    """hf-process: torch threads of the rollout worker (the trainer keeps the rest)."""
+    vllm_url: str = "http://127.0.0.1:8000"
+    """Where the vLLM server listens (backend vllm)."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """auto: bf16 autocast on CUDA with bf16 support, fp32 otherwise."""
+    checkpoint_every_steps: int | None = Field(None, gt=0)
+    """Save a resumable checkpoint every N steps (and always at the end)."""
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Monitors."""
+    nemo_gym: NemoGym | None = None
+    """engine nemo_rl: the NeMo Gym agents that verify the rows there (None: none given)."""
+
+    @model_validator(mode="after")
+    def _reprofile_needs_a_curriculum(self) -> "RLStage":
+        if self.reprofile is not None and self.curriculum is None:
+            raise ValueError("reprofile only changes what a curriculum samples: set a curriculum or drop reprofile")
+        return self
+
+    @model_validator(mode="after")
+    def _whole_rollout_batches(self) -> "RLStage":
+        k = self.rollout.minibatches
+        if self.steps % k:
+            raise ValueError(f"steps ({self.steps}) must be a multiple of rollout.minibatches ({k}): "
+                             "every rollout batch is trained whole")
+        return self
+
+    @model_validator(mode="after")
+    def _temperatures(self) -> "RLStage":
+        if "temperature" in self.grpo.model_fields_set and self.grpo.temperature != self.rollout.temperature:
+            raise ValueError("grpo.temperature must equal rollout.temperature (set rollout.temperature only)")
+        self.grpo = self.grpo.model_copy(update={"temperature": self.rollout.temperature})
+        return self
+
+
+def block_spec(stage: BaseModel, exclude: set[str]) -> dict:
+    """An RL or distill block as a step spec without `exclude`; `nemo_gym` only when given, so a
+    step finished before the key existed keeps its hash (it matters only to engine nemo_rl)."""
+    unset = {"nemo_gym"} if getattr(stage, "nemo_gym", None) is None else set()
+    return stage.model_dump(exclude=exclude | unset)

@@ -1,0 +1,415 @@
+"""Cross-field checks of a recipe: the rules that span more than one library's config.
+
+Each library validates its own block (model.config, data.config, ...); what spans blocks lives
+here so each problem can name the exact YAML path that breaks it: phases and the tokenizer
+naming known sources, schedules fitting the stage's tokens, eval suites existing, SFT
+sources/blends/sub-stages agreeing, merging having checkpoints to merge, presets existing.
+Every check returns (yaml path, why, path whose line to cite) tuples. Recipe
+(recipe/schema.py) runs cross_problems() after field validation; the loader runs
+partial_cross_problems() on the parts that validate alone when the whole does not, so one bad
+field hides no other problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from stagewise.data.config import WORLD_PREFIX, PhaseConfig, TokenizerConfig
+from stagewise.data.sft_config import SFTDataConfig
+from stagewise.recipe.errors import did_you_mean
+from stagewise.model.config import ModelConfig, TrainConfig
+
+if TYPE_CHECKING:  # the schema imports this module; its types are needed for annotations only
+    from stagewise.recipe.schema import Recipe
+
+
+def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """(yaml path, why, path whose line to cite) for every cross-field problem of a recipe."""
+    pre = r.stages.pretrain
+    out = _source_problems([s.name for s in r.data.sources], pre.phases if pre else None, r.tokenizer)
+    out += _schedule_problems("stages.pretrain", pre) if pre else []
+    out += _suite_problems(r, "stages.pretrain", pre)
+    out += _sft_problems(r) if r.stages.sft else []
+    out += _rl_problems(r) if r.stages.rl else []
+    out += _distill_problems(r) if r.stages.distill else []
+    out += _suite_problems(r, "stages.distill", r.stages.distill)
+    out += _merge_problems(r)
+    out += _suite_problems(r, "stages.merge", r.stages.merge)
+    out += _suite_problems(r, "stages.quantize", r.stages.quantize)
+    out += _quantize_problems(r) if r.stages.quantize else []
+    out += _engine_problems(r)
+    return out + _preset_problems(r.model)
+
+
+def _engine_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Each trainable stage's engine is one it can have, and a launched engine says where it runs."""
+    from stagewise.recipe.blocks.engine import ENGINES_BY_STAGE
+
+    out = []
+    for name, engines in ENGINES_BY_STAGE.items():
+        block = getattr(r.stages, name)
+        if block is None:
+            continue
+        at = f"stages.{name}"
+        if block.engine not in engines:
+            out.append((f"{at}.engine", f"{block.engine!r} cannot train {name}; choose one of {', '.join(engines)}",
+                        f"{at}.engine"))
+        elif block.engine != "torch" and block.launch is None:
+            out.append((f"{at}.launch", f"engine {block.engine!r} is launched: give `launch` "
+                        "(env: {image: ...} or {venv: ...}, nodes, gpus_per_node, parallel)", f"{at}.engine"))
+        elif block.engine != "torch" and name not in LAUNCHED_STAGES:
+            out.append((f"{at}.engine", f"the {name} stage cannot launch {block.engine!r} yet (only "
+                        f"{', '.join(LAUNCHED_STAGES)} do; model/scaleout/ translates this block, docs/STACK.md says "
+                        "how far)", f"{at}.engine"))
+        elif block.engine != "torch" and getattr(block, "gate", None) is not None:
+            out.append((f"{at}.gate", _LAUNCHED_GATE.format(engine=block.engine), f"{at}.gate"))
+        elif block.engine == "megatron":
+            out += _megatron_problems(r, name)
+        elif block.engine == "nemo_rl":
+            from stagewise.engines.nemo_rl.checks import nemo_rl_problems
+
+            out += nemo_rl_problems(r, name)
+    return out
+
+
+_LAUNCHED_GATE = ("a gate evaluates between chunks of our engine's training; {engine!r} trains the stage in one go: "
+                  "drop the gate or use engine torch")
+
+PLACEHOLDER = "/placeholder"
+"""Where the recipe check's translation pretends data and checkpoints are (none exist before the run)."""
+
+
+def _megatron_problems(r: Recipe, name: str) -> list[tuple[str, str, str]]:
+    """What the Megatron-Bridge translation would refuse at the stage's start, found now: the same
+    translation as engines/megatron/stage.py, on placeholder paths."""
+    return {"pretrain": _megatron_pretrain, "long_context": _megatron_long_context, "sft": _megatron_sft}[name](r)
+
+
+def _refusals(translate: Callable[[], object]) -> list[tuple[str, str, str]]:
+    """The MegatronUnsupported a translation raises, as a problem at the field it names."""
+    from stagewise.engines.megatron.translate import MegatronUnsupported
+
+    try:
+        translate()
+    except MegatronUnsupported as e:
+        return [(e.field, e.message, e.field)]
+    return []
+
+
+def _megatron_pretrain(r: Recipe) -> list[tuple[str, str, str]]:
+    from stagewise.engines.megatron.translate import megatron_precision, plan_megatron
+
+    pre = r.stages.pretrain
+    view = TrainConfig.model_validate(pre.model_dump(include=set(TrainConfig.model_fields)))
+    view = view.model_copy(update={"precision": megatron_precision(pre.precision)})
+    return _refusals(lambda: plan_megatron(view, pre.launch, r.model, stage_mode="pretrain", save_dir=PLACEHOLDER,
+                                           blend=[(PLACEHOLDER, 1.0)], vocab_size=r.tokenizer.vocab_size,
+                                           field="stages.pretrain"))
+
+
+def _megatron_long_context(r: Recipe) -> list[tuple[str, str, str]]:
+    """Trained from pretraining's checkpoint: the recipe's model, its vocabulary the tokenizer's."""
+    from stagewise.engines.megatron.translate import plan_long_context
+
+    lc = r.stages.long_context
+    return _refusals(lambda: plan_long_context(lc, lc.launch, r.model, save_dir=PLACEHOLDER,
+                                               pretrained_checkpoint=PLACEHOLDER, blend=[(PLACEHOLDER, 1.0)],
+                                               vocab_size=r.tokenizer.vocab_size))
+
+
+def _megatron_sft(r: Recipe) -> list[tuple[str, str, str]]:
+    """Every sub-stage translated (from the recipe's model, or `model.from`), and what only a sub-stage
+    has: a gate (one launch per sub-stage) and max_epochs (Megatron samples the budget's steps,
+    wrapping its data as often as they need, with no cap on passes)."""
+    from stagewise.engines.megatron.translate import chat_jsonl_overrides, megatron_precision, plan_sft
+
+    sft, out = r.stages.sft, []
+    for i, sub in enumerate(sft.stages):
+        here = f"stages.sft.stages[{i}]"
+        if sub.gate is not None:
+            out.append((f"{here}.gate", _LAUNCHED_GATE.format(engine=sft.engine), f"{here}.gate"))
+        if sub.max_epochs is not None:
+            out.append((f"{here}.max_epochs", "Megatron-Bridge trains the budget's steps and wraps its data as often "
+                        "as they need (no cap on passes): drop max_epochs and size `tokens`, or use engine torch",
+                        f"{here}.max_epochs"))
+        view = sub.model_copy(update={"precision": megatron_precision(sub.precision)})
+        out += _refusals(lambda: plan_sft(view, sft.launch, r.model, save_dir=PLACEHOLDER,
+                                          pretrained_checkpoint=PLACEHOLDER, dataset="local-jsonl",
+                                          dataset_overrides=chat_jsonl_overrides(PLACEHOLDER),
+                                          vocab_size=r.tokenizer.vocab_size, field=here))
+    return out
+
+
+LAUNCHED_STAGES = ("pretrain", "long_context", "sft", "rl", "distill")
+"""Stages whose flow launches their engine (flows/launched*.py)."""
+
+
+def _merge_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Merging and long context build on pretraining: its checkpoints, data and last blend."""
+    out = []
+    pre = r.stages.pretrain
+    for name in ("merge", "long_context"):
+        if getattr(r.stages, name) is not None and pre is None:
+            out.append((f"stages.{name}", "needs a stages.pretrain block (it starts from pretraining)", f"stages.{name}"))
+    if r.stages.merge is not None and pre is not None:
+        if not pre.checkpoint_every_tokens:
+            out.append(("stages.pretrain.checkpoint_every_tokens",
+                        "must be set when stages.merge is (merging needs intermediate checkpoints)", "stages.merge"))
+        elif pre.keep_checkpoints:
+            kept = pre.keep_checkpoints * pre.checkpoint_every_tokens
+            for i, w in enumerate(r.stages.merge.windows_tokens):
+                if w > kept:
+                    at = f"stages.merge.windows_tokens[{i}]"
+                    out.append((at, f"window of {w} tokens is longer than the {kept} tokens of checkpoints "
+                                    "stages.pretrain.keep_checkpoints keeps", at))
+    return out
+
+
+def _suite_problems(r: Recipe, at: str, stage: Any) -> list[tuple[str, str, str]]:
+    """A stage's eval_suite and gate.suite must name suites of the recipe's `eval` block."""
+    out = []
+    for field, name in (("eval_suite", getattr(stage, "eval_suite", None)),
+                        ("gate.suite", getattr(getattr(stage, "gate", None), "suite", None))):
+        if name is not None and name not in r.eval:
+            where = f"{at}.{field}"
+            known = ", ".join(sorted(r.eval)) or "none; add an `eval:` block"
+            out.append((where, f"unknown eval suite {name!r}{did_you_mean(name, r.eval)}; suites: {known}", where))
+    return out
+
+
+def _quantize_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """`@world/` held-out files need the SFT world; a calibration file must be a file of the recipe, not the world."""
+    q, at, out = r.stages.quantize, "stages.quantize", []
+    if q.heldout and q.heldout.startswith("@world/") and (r.stages.sft is None or r.stages.sft.data.world is None):
+        out.append((f"{at}.heldout", "an @world/ file needs stages.sft.data.world (the demo world's conversations)",
+                    f"{at}.heldout"))
+    if q.calib and q.calib.startswith("@world/"):
+        out.append((f"{at}.calib", "give a text file (JSONL with `text`, or .txt); the default is the recipe's "
+                    "validation text", f"{at}.calib"))
+    return out
+
+
+SFT_WORLD_FILES = ("sft_arithmetic.jsonl", "sft_calculator.jsonl", "sft_sorting.jsonl", "sft_lookup.jsonl",
+                   "sft_format.jsonl", "sft_long_context.jsonl", "sft_dirty.jsonl")
+"""What `stages.sft.data.world` writes that a source may train on (sft_eval.jsonl is held out)."""
+
+
+def _sft_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Sources, blends, keep_previous, schedules and suites of `stages.sft`."""
+    sft, at = r.stages.sft, "stages.sft"
+    out = _sft_source_problems(sft.data, f"{at}.data")
+    domains = sorted({s.domain_name for s in sft.data.sources})
+    out += _suite_problems(r, at, sft)
+    seen: set[str] = set()
+    for i, sub in enumerate(sft.stages):
+        here = f"{at}.stages[{i}]"
+        if sub.name in seen:
+            out.append((f"{here}.name", f"duplicate sub-stage name {sub.name!r}", f"{here}.name"))
+        seen.add(sub.name)
+        for domain in sub.blend.weights:
+            if domain not in domains:
+                why = f"unknown domain {domain!r}{did_you_mean(domain, domains)}; the sources' domains: {', '.join(domains)}"
+                out.append((f"{here}.blend.weights.{domain}", why, f"{here}.blend.weights.{domain}"))
+        if i == 0 and sub.keep_previous > 0:
+            why = f"the first sub-stage has no previous one to keep data from; got {sub.keep_previous}"
+            out.append((f"{here}.keep_previous", why, f"{here}.keep_previous"))
+        out += _schedule_problems(here, sub)
+        out += _suite_problems(r, here, sub)
+    return out
+
+
+def _sft_source_problems(data: SFTDataConfig, at: str) -> list[tuple[str, str, str]]:
+    """Unique source names; `@world/` paths need the world block and name a file it writes."""
+    out, seen = [], set()
+    for i, src in enumerate(data.sources):
+        here = f"{at}.sources[{i}]"
+        if src.name in seen:
+            out.append((f"{here}.name", f"duplicate source name {src.name!r}", f"{here}.name"))
+        seen.add(src.name)
+        out += _sft_world_path_problems(f"{here}.path", src.path, data, training=True)
+    if data.heldout is not None:
+        out += _sft_world_path_problems(f"{at}.heldout", data.heldout, data, training=False)
+    return out
+
+
+def _sft_world_path_problems(where: str, path: str, data: SFTDataConfig, training: bool) -> list[tuple[str, str, str]]:
+    return _world_path_problems(where, path, data.world is not None, "stages.sft.data", "SFT", SFT_WORLD_FILES,
+                                "sft_eval.jsonl", training)
+
+
+def _world_path_problems(where: str, path: str, has_world: bool, block: str, what: str, files: tuple[str, ...],
+                         heldout: str, training: bool) -> list[tuple[str, str, str]]:
+    """An `@world/` path needs its block's world and must name a file it writes (the held-out one never trained on)."""
+    if not path.startswith(WORLD_PREFIX):
+        return []
+    if not has_world:
+        return [(where, f"{WORLD_PREFIX} paths need a `world` block in {block} (it generates them)", where)]
+    name = path[len(WORLD_PREFIX):]
+    if training and name == heldout:
+        return [(where, f"{heldout} is the held-out set: it is scored, never trained on", where)]
+    files = files + (() if training else (heldout,))
+    if name not in files:
+        return [(where, f"the {what} world writes no {name!r}{did_you_mean(name, files)}; files: {', '.join(files)}", where)]
+    return []
+
+
+RL_WORLD_FILES = ("rl_arithmetic.jsonl", "rl_format.jsonl", "rl_calculator.jsonl", "rl_sorting.jsonl")
+"""What `stages.rl.data.world` writes that a source may train on (rl_eval.jsonl is held out)."""
+
+
+def _rl_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Sources (unique names, world paths, known environments) and domain ratios of `stages.rl`."""
+    from stagewise.eval.environments import ENVIRONMENTS
+
+    rl, at = r.stages.rl, "stages.rl.data"
+    out, seen = [], set()
+    for i, src in enumerate(rl.data.sources):
+        here = f"{at}.sources[{i}]"
+        if src.name in seen:
+            out.append((f"{here}.name", f"duplicate source name {src.name!r}", f"{here}.name"))
+        seen.add(src.name)
+        out += _world_path_problems(f"{here}.path", src.path, rl.data.world is not None, at, "RL", RL_WORLD_FILES,
+                                    "rl_eval.jsonl", training=True)
+        if src.environment is not None and src.environment not in ENVIRONMENTS:
+            why = (f"unknown environment {src.environment!r}{did_you_mean(src.environment, list(ENVIRONMENTS))}; "
+                   f"known: {', '.join(sorted(ENVIRONMENTS))}")
+            out.append((f"{here}.environment", why, f"{here}.environment"))
+    if rl.data.heldout is not None:
+        out += _world_path_problems(f"{at}.heldout", rl.data.heldout, rl.data.world is not None, at, "RL",
+                                    RL_WORLD_FILES, "rl_eval.jsonl", training=False)
+    for domain, share in (rl.domains or {}).items():
+        if share <= 0:
+            out.append((f"stages.rl.domains.{domain}", f"a domain's share must be > 0, got {share}",
+                        f"stages.rl.domains.{domain}"))
+    return out
+
+
+def _distill_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Prompt rows, the stages the student and the teachers come from, and each `rl` teacher's
+    block (the recipe's stages.rl with its overrides) validated as an RL block."""
+    from stagewise.recipe.blocks.distill import teacher_rl_block
+    from stagewise.recipe.schema import STAGE_ORDER
+
+    d, at = r.stages.distill, "stages.distill"
+    out = []
+    if d.data is None and r.stages.rl is None:
+        out.append((f"{at}.data", "required without a stages.rl block (the prompts default to stages.rl.data)", at))
+    for i, src in enumerate(d.data.sources if d.data else []):
+        here = f"{at}.data.sources[{i}]"
+        out += _world_path_problems(f"{here}.path", src.path, d.data.world is not None, f"{at}.data", "RL",
+                                    RL_WORLD_FILES, "rl_eval.jsonl", training=True)
+    earlier = STAGE_ORDER[:STAGE_ORDER.index("distill")]
+
+    def stage_ref(path: str, name: str) -> None:
+        if name in STAGE_ORDER and (name not in earlier or getattr(r.stages, name, None) is None):
+            why = (f"stage {name!r} must be a stage of this recipe that runs before distill "
+                   f"(present: {', '.join(s for s in earlier if getattr(r.stages, s, None) is not None)})")
+            out.append((path, why, path))
+
+    if d.student is not None:
+        stage_ref(f"{at}.student", d.student)
+    for i, t in enumerate(d.teachers):
+        here = f"{at}.teachers[{i}]"
+        if t.stage is not None:
+            if t.stage not in STAGE_ORDER:
+                why = f"unknown stage {t.stage!r}{did_you_mean(t.stage, STAGE_ORDER)}"
+                out.append((f"{here}.stage", why, f"{here}.stage"))
+            else:
+                stage_ref(f"{here}.stage", t.stage)
+        if t.rl is not None:
+            try:
+                teacher_rl_block(t, r.stages.rl)
+            except ValidationError as e:
+                for err in e.errors():
+                    loc = ".".join(str(p) for p in err["loc"])
+                    out.append((f"{here}.rl.{loc}" if loc else f"{here}.rl", err["msg"], f"{here}.rl"))
+            except ValueError as e:
+                out.append((f"{here}.rl", str(e), f"{here}.rl"))
+    return out
+
+
+def _preset_problems(model: ModelConfig) -> list[tuple[str, str, str]]:
+    """A preset name must exist, or `from` be given (checked here so a typo fails before any work starts)."""
+    from stagewise.model.presets import preset_names  # reads JSON files only; no torch
+
+    names = preset_names()
+    if model.from_ is None and model.preset is None:
+        why = f"required: a preset name ({', '.join(names)}) or `model.from` a checkpoint directory"
+        return [("model.preset", why, "model.preset")]
+    if model.from_ is not None or model.preset in names:
+        return []
+    why = f"unknown preset {model.preset!r}{did_you_mean(model.preset, names)}; presets: {', '.join(names)}"
+    return [("model.preset", why, "model.preset")]
+
+
+def _source_problems(names: list[str], phases: list[PhaseConfig] | None,
+                     tokenizer: TokenizerConfig | None) -> list[tuple[str, str, str]]:
+    """Phases and the tokenizer may only name sources the data block defines."""
+    out = _phase_problems("stages.pretrain.phases", phases, names) if phases else []
+    for i, name in enumerate((tokenizer.train_sources if tokenizer else None) or []):
+        if name not in names:
+            at = f"tokenizer.train_sources[{i}]"
+            out.append((at, f"unknown source {name!r}{did_you_mean(name, names)}", at))
+    return out
+
+
+def partial_cross_problems(raw: dict) -> list[tuple[str, str, str]]:
+    """Cross checks on the parts that validate alone, so one bad field hides no other problem."""
+    def part(model: type[BaseModel], value: Any) -> Any:
+        try:
+            return model.model_validate(value)
+        except (ValidationError, TypeError):
+            return None
+
+    sources = (raw.get("data") or {}).get("sources") if isinstance(raw.get("data"), dict) else None
+    if not isinstance(sources, list):
+        return []
+    names = [s["name"] for s in sources if isinstance(s, dict) and isinstance(s.get("name"), str)]
+    stages = raw.get("stages")
+    pre = stages.get("pretrain") if isinstance(stages, dict) else None
+    listed = pre.get("phases") if isinstance(pre, dict) else None
+    phases = [part(PhaseConfig, p) for p in listed] if isinstance(listed, list) else []
+    phases = phases if phases and None not in phases else None
+    return _source_problems(names, phases, part(TokenizerConfig, raw.get("tokenizer") or {}))
+
+
+def _phase_problems(at: str, phases: list[PhaseConfig], names: list[str]) -> list[tuple[str, str, str]]:
+    """The rules of data.config.check_phases, each reported at the phase that breaks it."""
+    out: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for i, p in enumerate(phases):
+        here = f"{at}[{i}]"
+        if p.name in seen:
+            out.append((f"{here}.name", f"duplicate phase name {p.name!r}", f"{here}.name"))
+        seen.add(p.name)
+        if i and p.until <= phases[i - 1].until:
+            why = f"must be greater than the previous phase's until ({phases[i - 1].until}); got {p.until}"
+            out.append((f"{here}.until", why, f"{here}.until"))
+        if p.quality_weights and sum(p.blend.values()) <= 0:
+            why = f"no source has a tier with a positive weight in {dict(p.quality_weights)} (set sources[].quality)"
+            out.append((f"{here}.quality_weights", why, f"{here}.quality_weights"))
+        for src in p.blend:
+            if src not in names:
+                why = f"unknown source {src!r}{did_you_mean(src, names)}; known: {', '.join(sorted(names))}"
+                out.append((f"{here}.blend", why, f"{here}.blend.{src}"))
+    if phases[-1].until != 1.0:
+        last = f"{at}[{len(phases) - 1}].until"
+        out.append((last, f"the last phase must end at 1.0; got {phases[-1].until}", last))
+    return out
+
+
+def _schedule_problems(at: str, stage: TrainConfig) -> list[tuple[str, str, str]]:
+    """Warmup and decay must fit inside the stage's token budget."""
+    sched, out = stage.schedule, []
+    if sched.warmup_tokens >= stage.tokens:
+        why = f"must be less than the stage's tokens ({stage.tokens}); got {sched.warmup_tokens}"
+        out.append((f"{at}.schedule.warmup_tokens", why, f"{at}.schedule.warmup_tokens"))
+    elif sched.kind == "wsd" and sched.decay_tokens is not None:
+        if sched.warmup_tokens + sched.decay_tokens > stage.tokens:
+            why = (f"warmup_tokens + decay_tokens ({sched.warmup_tokens + sched.decay_tokens}) "
+                   f"exceed the stage's tokens ({stage.tokens})")
+            out.append((f"{at}.schedule.decay_tokens", why, f"{at}.schedule.decay_tokens"))
+    return out

@@ -1,0 +1,133 @@
+"""What the recipe doctor knows beyond the recipe: the model's size, the data's size, the metrics logged.
+
+Each fact is computed once per diagnosis, only when a rule asks for it, and only from what
+exists without doing any work:
+- the model is built on the meta device (model/inspect.py: exact parameter counts, ~50 ms even
+  for 30B; torch and transformers are imported then, which takes a few seconds);
+- the data's size is read from the prepared data of the recipe's inputs under its workdir, when
+  `stagewise data prepare` or an earlier run built it (data/prepare.py find_prepared hashes the
+  sources to find it; nothing is generated or tokenized here). A recipe never prepared has no
+  data facts and the rules that need them stay silent (they say so in their docstrings);
+- the metric names a gated stage's evaluations log come from eval/metric_names.py (validation,
+  held-out conversations) and the local lm-eval task YAMLs (eval/harness.py local_metric_names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stagewise.data.errors import BadInput
+
+if TYPE_CHECKING:
+    from stagewise.recipe import LoadedRecipe, Recipe
+
+TRAINING_PREFIXES = ("train/", "moe/", "act/", "data/", "tokens_seen")
+"""Names logged by training itself at every step (model/engine.py: `train/<objective term>`, lr,
+tokens/s, MFU; the MoE and activation monitors; the data steps): which exist depends on the
+objective and the model, so a gate may name them and the doctor does not judge them."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The network a recipe builds, as the rules need it."""
+
+    params: int
+    """Every parameter (all experts resident), counted as `stagewise inspect` counts them."""
+    moe: bool
+    """Whether any layer is a routed mixture of experts."""
+    tied_embeddings: bool
+    """Whether the output layer is the input embedding (quantizing one quantizes the other)."""
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """The prepared pretraining data matching the recipe."""
+
+    root: Path
+    """The prepared data directory (`<workdir>/data/<digest>`)."""
+    train_tokens: dict[str, int]
+    """Training tokens per source (the validation split left out)."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.train_tokens.values())
+
+
+class Facts:
+    """The recipe and what can be known about it without work; each fact computed at first use."""
+
+    def __init__(self, loaded: LoadedRecipe, stages: Sequence[str] | None = None):
+        self.loaded = loaded
+        self.recipe: Recipe = loaded.recipe
+        self.stages = stages
+        """The stages that will run (None: every stage of the recipe)."""
+
+    def runs(self, stage: str) -> bool:
+        """Whether `stage` is in the recipe and among the stages that will run."""
+        return getattr(self.recipe.stages, stage) is not None and (self.stages is None or stage in self.stages)
+
+    @cached_property
+    def model(self) -> ModelFacts | None:
+        """None when the model cannot be built here (e.g. `model.from` a checkpoint not made yet)."""
+        try:
+            from stagewise.model.inspect import inspect_model
+
+            report = inspect_model(self.recipe.model, self.recipe.tokenizer.vocab_size, seq_length=1, micro_batch=1)
+        except (BadInput, OSError, ValueError, TypeError):  # a model that cannot be built: no model facts
+            return None
+        tied = bool(self._meta.config.tie_word_embeddings) if self._meta is not None else False
+        return ModelFacts(report.total_params, any(r.kind == "moe" for r in report.layers), tied)
+
+    @cached_property
+    def _meta(self) -> Any:
+        try:
+            from stagewise.model.inspect import meta_model
+
+            return meta_model(self.recipe.model, self.recipe.tokenizer.vocab_size)
+        except (BadInput, OSError, ValueError, TypeError):  # a model that cannot be built: no model facts
+            return None
+
+    @cached_property
+    def operators(self) -> list | None:
+        """The quantizable operators (quant/operators.py) of the meta-device model; None: no model."""
+        from stagewise.quant.operators import operators
+
+        return operators(self._meta) if self._meta is not None else None
+
+    @cached_property
+    def data(self) -> DataFacts | None:
+        """The prepared data of the recipe's inputs under its workdir, if `prepare_data` has built it
+        (data/prepare.py find_prepared: the sources are hashed, nothing is generated or tokenized)."""
+        from stagewise.data.prepare import find_prepared
+
+        r = self.recipe
+        try:
+            found = find_prepared(r.data, r.tokenizer, Path(r.workdir), r.seed, self.loaded.base_dir)
+        except (BadInput, OSError, ValueError):  # a source not there yet: no prepared data either
+            return None
+        if found is None:
+            return None
+        return DataFacts(found.root, {name: src.train_tokens for name, src in found.sources.items()})
+
+    def gate_metrics(self, stage: str, suite: str | None) -> tuple[set[str], list[str]]:
+        """(every eval name a gated `pretrain` or `sft` stage logs at its marks, the suite's tasks whose
+        names only lm-eval knows). At a mark pretraining scores validation loss, SFT the held-out
+        conversations, and both the gate's suite (flows/pretrain.py, flows/sft.py)."""
+        from stagewise.eval.harness import local_metric_names
+        from stagewise.eval.metric_names import (HELDOUT_PREFIX, SUITE_PREFIX, VALIDATION_PREFIX, heldout_metric_names,
+                                       validation_metric_names)
+
+        r = self.recipe
+        if stage == "pretrain":
+            names = {f"{VALIDATION_PREFIX}/{n}" for n in validation_metric_names(s.name for s in r.data.sources)}
+        elif r.stages.sft.data.heldout or r.stages.sft.data.world:
+            domains = sorted({s.domain_name for s in r.stages.sft.data.sources})
+            names = {f"{HELDOUT_PREFIX}/{n}" for n in heldout_metric_names(domains)}
+        else:
+            names = set()
+        local, outside = local_metric_names(r.eval.get(suite or "", []))
+        return names | {f"{SUITE_PREFIX}/{n}" for n in local}, outside

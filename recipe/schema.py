@@ -1,0 +1,132 @@
+"""The recipe's typed schema: the pydantic models a recipe YAML validates into, and its stages.
+
+The models compose the libraries' own configs (model.config, data.config, data.sft_config,
+eval.gates) in one block per stage (recipe/blocks/) with the few settings that
+exist only at the recipe level. Recipe runs the cross-field checks of recipe/checks.py
+after field validation. STAGE_ORDER names every stage of the design in pipeline order;
+available_stages() and select_stages() say which of them this version (and a recipe) can run.
+Reading YAML into these models is recipe/loader.py's job.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, model_validator
+
+from stagewise.config_base import StrictConfig
+from stagewise.data.config import DataConfig, TokenizerConfig
+from stagewise.model.config import ModelConfig
+from stagewise.model.runtime import RuntimeConfig
+from stagewise.recipe.blocks.distill import DistillStage
+from stagewise.recipe.blocks.long_context import LongContextStage
+from stagewise.recipe.blocks.merge import MergeStage
+from stagewise.recipe.blocks.pretrain import PretrainStage
+from stagewise.recipe.blocks.quantize import QuantizeStage
+from stagewise.recipe.blocks.rl import RLStage
+from stagewise.recipe.blocks.sft import SFTStage
+from stagewise.recipe.checks import cross_problems
+from stagewise.recipe.errors import RecipeError, did_you_mean
+
+
+
+class TrackingConfig(StrictConfig):
+    """Where MLflow records go."""
+
+    uri: str | None = None
+    """MLflow tracking URI; default a SQLite store at <workdir>/mlflow.db."""
+    experiment: str | None = None
+    """MLflow experiment; default the recipe name."""
+
+
+class StagesConfig(StrictConfig):
+    """One optional block per stage; a stage runs when its block is present."""
+
+    pretrain: PretrainStage | None = None
+    """Phased pretraining."""
+    merge: MergeStage | None = None
+    """Merge pretraining checkpoints over windows (decay emulation) and hand on the best."""
+    long_context: LongContextStage | None = None
+    """Long-context continued pretraining from the (merged) pretraining checkpoint."""
+    sft: SFTStage | None = None
+    """Supervised fine-tuning on curated, packed conversations (after pretraining)."""
+    rl: RLStage | None = None
+    """GRPO on verifiable rewards (difficulty filter, Gaussian curriculum, masked IS, one-step off-policy)."""
+    distill: DistillStage | None = None
+    """Multi-teacher on-policy distillation: the student samples, per-domain teachers score its tokens."""
+    quantize: QuantizeStage | None = None
+    """Per-operator NVFP4 / FP8 / BF16 under a budget (AutoQuantize) and a deployable export (after training)."""
+
+
+class Recipe(StrictConfig):
+    """A whole training recipe."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Recipe name; also the MLflow experiment unless tracking.experiment is set."""
+    seed: int = 1234
+    """Seeds data generation, sampling, initialisation and dropout."""
+    workdir: str = "runs/${name}"
+    """Where data, checkpoints and the default MLflow store live (relative to the current directory)."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """MLflow settings."""
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    """Device and precision of every stage (auto: CUDA with bf16 when a GPU is present, else CPU fp32)."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The network."""
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    """The tokenizer."""
+    data: DataConfig
+    """Pretraining sources."""
+    eval: dict[str, list[str]] = Field(default_factory=dict)
+    """Named evaluation suites: suite name -> task names."""
+    stages: StagesConfig = Field(default_factory=StagesConfig)
+    """The stages to run, in pipeline order."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo) -> "Recipe":
+        if self.stages.pretrain is not None:  # quality tiers become plain blend weights (what the loader reads)
+            self.stages.pretrain.phases = [p.with_tiers(self.data.sources) for p in self.stages.pretrain.phases]
+        # Checks that span libraries. The loader passes a list in the context to collect each
+        # problem with its own YAML path; a plain model_validate raises them all at once.
+        problems = cross_problems(self)
+        sink = (info.context or {}).get("problems")
+        if sink is not None:
+            sink.extend(problems)
+        elif problems:
+            raise ValueError("; ".join(f"{path}: {why}" for path, why, _ in problems))
+        return self
+
+
+# --------------------------------------------------------------------------- stages
+
+STAGE_ORDER = ("pretrain", "merge", "long_context", "sft", "rl", "distill", "quantize")
+"""Every stage the design names, in pipeline order; later issues add the missing blocks."""
+
+
+def available_stages() -> list[str]:
+    """Stages this version can run (the blocks StagesConfig has)."""
+    return [s for s in STAGE_ORDER if s in StagesConfig.model_fields]
+
+
+def not_yet_available(stage: str) -> str:
+    """Why a stage the design names cannot be used here (the loader and `--stages` both say it)."""
+    return f"stage {stage!r} is not available yet in this version (available: {', '.join(available_stages())})"
+
+
+def select_stages(recipe: Recipe, names: str | typing.Sequence[str] | None) -> list[str] | None:
+    """`--stages a,b` checked against the recipe, returned in pipeline order (None: all present)."""
+    if names is None:
+        return None
+    wanted = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
+    problems = []
+    for n in wanted:
+        if n not in STAGE_ORDER:
+            problems.append(f"--stages: unknown stage {n!r}{did_you_mean(n, STAGE_ORDER)}")
+        elif n not in available_stages():
+            problems.append(f"--stages: {not_yet_available(n)}")
+        elif getattr(recipe.stages, n) is None:
+            problems.append(f"--stages: the recipe has no stages.{n} block")
+    if problems or not wanted:
+        raise RecipeError(problems or ["--stages: name at least one stage"])
+    return [s for s in STAGE_ORDER if s in wanted]

@@ -1,0 +1,107 @@
+"""Content-addressed steps: one name, one finish marker and one reuse rule for every stage.
+
+A step's directory is `<root>/<kind>-<hash>`, the hash over the spec it builds from and
+its inputs' hashes (Marin's executor rule): re-running an unchanged step does nothing, and
+any change to what determines its output gives a new directory. Output locations and
+bookkeeping (`out_dir`, `workdir`, run ids, the tracker) never enter the hash, so moving a
+workdir or a different MLflow store does not retrain.
+
+A step is finished when its marker (`finished.json`, written last and atomically) exists;
+the marker records what the step hands on (a StageResult's fields, its headline metrics), so
+a rerun reuses it without opening a checkpoint. A directory with checkpoints and no marker
+is an interrupted step: it continues only with `--resume`. In Prefect, a reused step is one
+task run in the Cached state whose cache key is the step hash and whose message says what
+was reused, so the UI and the directories tell the same story.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from prefect import task
+
+from stagewise.data.digest import file_sha256 as file_hash  # how a file enters a step's inputs: sha256 of its bytes
+from prefect.client.schemas.objects import StateDetails
+from prefect.states import Completed, State
+from stagewise.tasks.policy import retrying
+
+HASH_CHARS = 16
+MARKER = "finished.json"
+OUTPUT_KEYS = frozenset({"out_dir", "workdir", "tracker", "run_id", "parent_run_id"})
+"""Keys that say where results go, not what they are: dropped from a spec before hashing."""
+
+
+def canonical(spec: Any) -> Any:
+    """`spec` as plain JSON data: pydantic models dumped, output keys dropped, at every depth."""
+    if hasattr(spec, "model_dump"):
+        spec = spec.model_dump(mode="json", by_alias=True)
+    if isinstance(spec, dict):
+        return {str(k): canonical(v) for k, v in spec.items() if k not in OUTPUT_KEYS}
+    if isinstance(spec, (list, tuple)):
+        return [canonical(v) for v in spec]
+    if isinstance(spec, Path):
+        return str(spec)
+    if spec is None or isinstance(spec, (str, int, float, bool)):
+        return spec
+    raise TypeError(f"cannot hash a {type(spec).__name__} into a step spec")
+
+
+def step_hash(kind: str, spec: Any, inputs: Iterable[str] = ()) -> str:
+    """The hash naming a step of `kind` built from `spec` and upstream hashes `inputs`."""
+    blob = json.dumps({"kind": kind, "spec": canonical(spec), "inputs": list(inputs)},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:HASH_CHARS]
+
+
+def step_dir(root: str | Path, kind: str, spec: Any, inputs: Iterable[str] = ()) -> Path:
+    """`<root>/<kind>-<step_hash>`."""
+    return Path(root) / f"{kind}-{step_hash(kind, spec, inputs)}"
+
+
+def finished(directory: str | Path) -> dict | None:
+    """The record a finished step left (None if it has not finished)."""
+    marker = Path(directory) / MARKER
+    if not marker.is_file():
+        return None
+    return json.loads(marker.read_text())
+
+
+def mark_finished(directory: str | Path, record: dict) -> None:
+    """Write the finish marker atomically (temp file, fsync, rename): the step's last act."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{MARKER}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, directory / MARKER)
+
+
+def cached(value: Any, key: str, message: str) -> State:
+    """A task's return value as Prefect's Cached state (a Completed state so named), with the step
+    hash as its cache key and `message` saying what was reused; the caller unwraps it with `value_of`."""
+    return Completed(name="Cached", data=value, message=message, state_details=StateDetails(cache_key=key))
+
+
+def value_of(returned: Any) -> Any:
+    """What a task returned, whether it ran (the value) or reported a reuse (a Cached state)."""
+    return returned.result() if isinstance(returned, State) else returned
+
+
+@task(**retrying("reuse-step"))
+def reuse_step_task(kind: str, directory: str, record: dict) -> State:
+    """Hand back a finished step's record as a Cached task run (cache key: the step hash)."""
+    key = Path(directory).name.removeprefix(f"{kind}-")
+    what = (record.get("result") or {}).get("checkpoint") or directory
+    return cached(record, key, f"{kind}: reused {what} (step {key}, finished earlier)")
+
+
+def reuse(kind: str, directory: str | Path, record: dict) -> dict:
+    """Report a finished step's `record` to Prefect as a Cached task run, and return it."""
+    return value_of(reuse_step_task(kind, str(directory), record))
+

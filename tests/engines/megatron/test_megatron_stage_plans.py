@@ -1,0 +1,97 @@
+"""The launches a long-context and an SFT sub-stage hand Megatron-Bridge (engines/megatron/stage.py):
+import -> train -> export argvs for a tiny example, and the document-QA shard as an indexed dataset."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from stagewise.data.long_context_config import LengthShare, LongContextDataConfig
+from stagewise.engines.megatron.indexed_data import index_bytes, read_indexed
+from stagewise.data.shards import write_shard
+from stagewise.engines.megatron.stage import beside, indexed_shards, long_context_plan, sft_plan
+from stagewise.recipe import SFTSubStage
+from stagewise.recipe.blocks.long_context import LongContextStage
+from stagewise.model.config import ModelConfig
+from stagewise.model.presets import preset_kwargs
+from stagewise.recipe.blocks.engine import EngineEnv, LaunchConfig
+from stagewise.engines.megatron.translate import MLflowTarget
+
+LAUNCH = LaunchConfig(env=EngineEnv(venv="/opt/mb", workdir="/opt/Megatron-Bridge"), gpus_per_node=2)
+MLFLOW = MLflowTarget("sqlite:////w/mlflow.db", "tiny", "run1", "sft/stage1")
+CONVERT = "scripts/conversion/run_conversion.py"
+
+
+def _start(tmp_path):
+    """An HF checkpoint directory of the tiny shape (its config.json is what the translation reads)."""
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "config.json").write_text(json.dumps({**preset_kwargs("tiny"), "vocab_size": 300}))
+    return start
+
+
+def _overrides(argv: list[str]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in argv if "=" in a)
+
+
+def test_long_context_imports_trains_its_one_length_on_the_blend_and_exports(tmp_path):
+    start, out = _start(tmp_path), tmp_path / "lc"
+    stage = LongContextStage(tokens=1024, data=LongContextDataConfig(
+        lengths=[LengthShare(length=128, share=1.0)], global_batch_tokens=512, micro_batch_tokens=256))
+    blend = [("/w/data/p-megatron/web", 0.79), ("/w/data/doc_qa-x-megatron/doc_qa", 0.2),
+             ("/w/data/p-megatron/retrieval", 0.01)]
+    plan = long_context_plan(stage, ModelConfig(preset=None, **{"from": str(start)}), LAUNCH, str(start), out, 3,
+                             MLFLOW, blend)
+    imp, train, export = plan.steps
+    assert [s.name for s in plan.steps] == ["megatron-import", "megatron-train", "megatron-export"]
+    assert (imp.one_node, train.style, export.one_node) == (True, "torchrun", True)
+    assert imp.entry == ["python", CONVERT, "import", "--device", "cpu", "--hf-model", str(start),
+                         "--megatron-path", str(out / "megatron-import"), "--torch-dtype", "bfloat16", "--overwrite"]
+    assert train.entry[:8] == ["python", "scripts/training/run_recipe.py", "--recipe",
+                               "nemotron_3_nano_pretrain_8gpu_h100_bf16_config", "--mode", "pretrain",
+                               "--dataset", "megatron-indexed"]
+    o = _overrides(train.entry)
+    assert (o["dataset.seq_length"], o["train.global_batch_size"], o["train.micro_batch_size"]) == ("128", "4", "2")
+    assert o["train.train_iters"] == "2" and o["checkpoint.pretrained_checkpoint"] == \
+        f'"{out / "megatron-import" / "iter_0000000"}"'
+    assert o["dataset.blend"] == ('[["/w/data/p-megatron/web","/w/data/doc_qa-x-megatron/doc_qa",'
+                                  '"/w/data/p-megatron/retrieval"],[0.79,0.2,0.01]]')
+    assert o["tokenizer.tokenizer_model"] == f'"{start}"' and o["rng.seed"] == "3"
+    assert export.entry == ["python", CONVERT, "export", "--device", "cpu", "--hf-model", str(start),
+                            "--megatron-path", str(out / "megatron" / "iter_0000002"), "--hf-path",
+                            str(out / "megatron-export"), "--torch-dtype", "bfloat16", "--overwrite"]
+    assert (plan.export_dir, plan.step, plan.tokens) == (out / "megatron-export", 2, 1024)
+
+
+def test_an_sft_sub_stage_reads_its_chat_rows_through_the_chat_preprocessing(tmp_path):
+    start, out = _start(tmp_path), tmp_path / "stage1"
+    sub = SFTSubStage(name="stage1", tokens=2048, seq_length=512, global_batch=2, micro_batch=1,
+                      blend={"weights": {"arithmetic": 1}}, precision="bf16")
+    plan = sft_plan(sub, ModelConfig(preset=None, **{"from": str(start)}), LAUNCH, str(start), "/w/sft_data/start-1",
+                    out / "megatron-data", out, 3, MLFLOW, field="stages.sft.stages[0]")
+    assert [s.name for s in plan.steps] == ["megatron-import-stage1", "megatron-train-stage1", "megatron-export-stage1"]
+    train = plan.steps[1].entry
+    assert train[2:8] == ["--recipe", "nemotron_3_nano_sft_8gpu_h100_bf16_config", "--mode", "sft",
+                          "--dataset", "local-jsonl"]
+    assert train[-5:] == [f'dataset.dataset_root="{out / "megatron-data"}"', "dataset.preprocessing=null",
+                          '+dataset.preprocessing={_target_:"megatron.bridge.data.sft_processing.'
+                          'ChatSFTPreprocessingConfig",loss_mode:"assistant"}',
+                          "dataset.do_validation=false", "dataset.do_test=false"]
+    o = _overrides(train)
+    assert o["tokenizer.tokenizer_model"] == '"/w/sft_data/start-1"'
+    assert o["dataset.offline_packing_specs"] == "{packed_sequence_size:512,pad_seq_to_mult:1}"
+    assert o["model.calculate_per_token_loss"] == "true" and o["train.train_iters"] == "2"
+    assert plan.steps[2].entry[plan.steps[2].entry.index("--megatron-path") + 1] == str(out / "megatron" / "iter_0000002")
+    assert (plan.step, plan.tokens) == (2, 2048)
+
+
+def test_the_doc_qa_shard_becomes_an_indexed_dataset_beside_its_directory(tmp_path):
+    docs = [[5, 6, 0], [7, 8, 9, 0]]
+    train = tmp_path / "doc_qa-abc" / "train"
+    tokens = write_shard(train, [np.array(d) for d in docs], vocab_size=300, eos_id=0).tokens
+    prefixes = indexed_shards({"doc_qa": train}, beside(train.parent))
+    assert prefixes == {"doc_qa": tmp_path / "doc_qa-abc-megatron" / "doc_qa"}
+    assert (tmp_path / "doc_qa-abc-megatron" / "doc_qa.bin").read_bytes() == tokens.astype("<u2").tobytes()
+    assert (tmp_path / "doc_qa-abc-megatron" / "doc_qa.idx").read_bytes() == index_bytes(np.array([0, 3, 7]), tokens.dtype)
+    assert [d.tolist() for d in read_indexed(prefixes["doc_qa"])] == docs

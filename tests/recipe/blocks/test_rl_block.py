@@ -1,0 +1,66 @@
+"""The `stages.rl` block: the shipped recipe validates, and a broken block names its field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stagewise.recipe import RecipeError, load_recipe
+from stagewise.flows.registry import registered
+from stagewise.flows.rl import select
+
+TINY = Path(__file__).resolve().parents[3] / "recipes" / "tiny.yaml"
+
+
+def problems(*overrides: str) -> str:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(TINY, list(overrides))
+    return str(info.value)
+
+
+def test_the_shipped_rl_block_validates_and_selects():
+    recipe = load_recipe(TINY).recipe
+    block = select(recipe)
+    assert block is not None and block.stage.steps > 0
+    assert block.stage.grpo.temperature == block.stage.rollout.temperature
+    assert registered("rl").start == "handed_on"
+
+
+def test_an_unknown_environment_is_named_with_the_known_ones():
+    text = problems("stages.rl.data.sources[0].environment=exact_anwser")
+    assert "stages.rl.data.sources[0].environment" in text and "exact_answer" in text
+
+
+def test_world_paths_need_the_world_and_a_file_it_writes():
+    assert "rl_eval.jsonl is the held-out set" in problems("stages.rl.data.sources[0].path=\"@world/rl_eval.jsonl\"")
+    assert "writes no 'rl_arith.jsonl'" in problems("stages.rl.data.sources[0].path=\"@world/rl_arith.jsonl\"")
+    assert "need a `world` block" in problems("stages.rl.data.world=null")
+
+
+def test_a_second_temperature_is_refused():
+    assert "grpo.temperature must equal rollout.temperature" in problems("stages.rl.grpo.temperature=0.5")
+
+
+def test_a_domain_share_must_be_positive():
+    assert "stages.rl.domains.arithmetic" in problems("stages.rl.domains={arithmetic: 0, format: 1}")
+
+
+def test_vllm_rollouts_need_a_cuda_runtime():
+    from stagewise.flows.rl import backend_problem
+
+    assert "stages.rl.backend: vllm" in backend_problem("vllm", "cpu")
+    assert backend_problem("vllm", "cuda:0") is None and backend_problem("hf", "cpu") is None
+
+
+def test_settings_that_would_do_nothing_are_refused():
+    assert "reprofile only changes what a curriculum samples" in problems("stages.rl.reprofile={window: 5}")
+    assert "only applies to off_policy" in problems("stages.rl.rollout.off_policy=false",
+                                                     "stages.rl.rollout.recompute_old_logprobs=true")
+
+
+def test_minibatches_must_divide_the_steps_and_fit_a_group():
+    assert "must be a multiple of rollout.minibatches" in problems("stages.rl.rollout.minibatches=3")
+    assert "must be <= group_size" in problems("stages.rl.rollout.minibatches=32", "stages.rl.steps=64")
+    block = select(load_recipe(TINY, ["stages.rl.rollout.minibatches=2"]).recipe)
+    assert block.stage.rollout.minibatches == 2
