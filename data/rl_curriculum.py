@@ -30,15 +30,16 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from stagewise.config_base import StrictConfig
 
 FILTER_COUNTS = ("kept", "dropped_solved", "dropped_unsolved", "unsolved_kept")
 
 
-class CurriculumConfig(BaseModel):
+class CurriculumConfig(StrictConfig):
     """The Gaussian curriculum (defaults: ALGORITHMS.md section 6)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     mu_start: float = Field(0.875, ge=0, le=1, description="target pass rate at the first step")
     mu_end: float = Field(0.125, ge=0, le=1, description="target pass rate at the last step")

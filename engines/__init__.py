@@ -5,3 +5,9 @@ megatron-bridge pins transformers < 5, Transformer Engine and mamba-ssm, so it c
 CPU install. Nothing here imports them; the translations are plain dicts, the launches plain
 commands. No Prefect, no MLflow.
 """
+
+LAUNCHED_GATE = ("a gate evaluates between chunks of our engine's training; {engine!r} trains the stage in one go: "
+                  "drop the gate or use engine torch")
+
+PLACEHOLDER = "/placeholder"
+"""Where the recipe check's translation pretends data and checkpoints are (none exist before the run)."""

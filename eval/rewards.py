@@ -22,18 +22,18 @@ out-scores a wrong one. Example: lengths [10, 20, 30, 5], the first three right:
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from stagewise.config_base import StrictConfig
 from stagewise.data.rl_rows import RLRow
 from stagewise.eval.environments import Environment
 
 KEYS = ("accuracy", "format", "length", "total", "unjudged")
 
 
-class RewardConfig(BaseModel):
+class RewardConfig(StrictConfig):
     """Weights of the reward components (a recipe's `reward:` block)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     accuracy: float = Field(1.0, ge=0)
     """Weight of the verifier's reward (1 right, 0 wrong)."""

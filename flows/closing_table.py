@@ -54,10 +54,6 @@ def render(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-CURVE_STAGES = ("pretrain", "long_context")
-"""Stages whose training loss the one-page report draws on one token axis."""
-
-
 def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult], workdir: str | Path) -> list[dict]:
     """Keep the table in the pipeline's MLflow run (JSON rows, text, chart) and the one-page
     report (eval/report.py: PNG + self-contained HTML) there and under `<workdir>/reports/`."""
@@ -76,9 +72,12 @@ def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult],
 def loss_curves(tracker: Tracker, results: list[StageResult]) -> dict[str, list[tuple[float, float]]]:
     """{stage: [(tokens_seen, train/lm_loss), ...]} of the stages that train a language model,
     read from the run that trained them (a reused stage's own run has no curve)."""
+    from stagewise.flows.registry import REGISTRY
+
+    drawn = {s.name for s in REGISTRY if s.lm_curve}
     curves = {}
     for r in results:
-        if r.stage in CURVE_STAGES:
+        if r.stage in drawn:
             history = tracker.metric_histories(r.trained_in_run or r.run_id, ["train/lm_loss"]).get("train/lm_loss", [])
             curves[r.stage] = [(tokens, value) for _, tokens, value in history]
     return curves

@@ -36,7 +36,8 @@ from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec, teacher_r
 from stagewise.recipe import Recipe
 from stagewise.flows.rl import (WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows,
                       steps_train_config)
-from stagewise.recipe.blocks.rl import RLData, RLStage, block_spec
+from stagewise.recipe.blocks.on_policy import block_spec
+from stagewise.recipe.blocks.rl import RLData, RLStage
 from stagewise.flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
                          stage_run, start_checkpoint)
 from stagewise.tasks.policy import run_logger

@@ -149,4 +149,4 @@ def _on_megatron(ctx: StageContext, stage: LongContextStage, model: ModelConfig,
                       tokenizer_dir=base.checkpoint)
 
 
-STAGE_ENTRY = Stage(name=STAGE, flow=long_context_flow, select=select, needs=("pretrain",))
+STAGE_ENTRY = Stage(name=STAGE, flow=long_context_flow, select=select, needs=("pretrain",), lm_curve=True)

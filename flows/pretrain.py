@@ -156,4 +156,4 @@ def _on_megatron(ctx: StageContext, block: PretrainInputs, train_cfg: TrainConfi
     return _handed_on(ctx, block, train_cfg, prepared, ckpt, None, run_id, out_dir, loss_report=False)
 
 
-STAGE_ENTRY = Stage(name=STAGE, flow=pretrain_flow, select=select)
+STAGE_ENTRY = Stage(name=STAGE, flow=pretrain_flow, select=select, lm_curve=True)

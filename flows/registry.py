@@ -1,9 +1,9 @@
 """Every stage the pipeline can run, in pipeline order: one line per stage.
 
 A stage is a module with its flow, its inputs model and a `STAGE_ENTRY` (flows/stage.py).
-Adding one is that module, a line here, and its recipe block (a field of StagesConfig in
-recipe/schema.py, so the recipe validates it before any work). The order must follow
-the design's STAGE_ORDER; tests/flows/test_registry.py holds both rules.
+Adding one is that module, a line here, and its recipe block (recipe/blocks/<stage>.py and its
+field of StagesConfig in recipe/schema.py, where the stage's name and pipeline order are written
+once, as STAGE_ORDER). This list must be STAGE_ORDER, entry for entry: checked at import.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ REGISTRY: tuple[Stage, ...] = (
     quantize.STAGE_ENTRY,
 )
 
-assert [s.name for s in REGISTRY] == [n for n in STAGE_ORDER if n in {s.name for s in REGISTRY}], \
-    "flows/registry.py must list stages in STAGE_ORDER"
+assert tuple(s.name for s in REGISTRY) == STAGE_ORDER, "flows/registry.py must list every stage of STAGE_ORDER, in its order"
 
 
 def registered(name: str) -> Stage:

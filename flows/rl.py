@@ -36,7 +36,8 @@ from prefect import flow
 from pydantic import BaseModel
 
 from stagewise.recipe import Recipe
-from stagewise.recipe.blocks.rl import RLStage, block_spec
+from stagewise.recipe.blocks.on_policy import block_spec
+from stagewise.recipe.blocks.rl import RLStage
 from stagewise.flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
                          stage_run, start_checkpoint)
 from stagewise.tasks.policy import run_logger
@@ -267,7 +268,7 @@ def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, polic
                  step, len(fresh), sum(fresh.values()) / max(len(fresh), 1))
 
     reference = None
-    if cfg.grpo.kl_coeff > 0:  # the KL anchor: the stage's starting weights, frozen
+    if cfg.loss.kl_coeff > 0:  # the KL anchor: the stage's starting weights, frozen
         from stagewise.model.build import load_model
         from stagewise.model.objectives.grpo import token_logprobs
 
@@ -277,7 +278,7 @@ def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, polic
                              reprofile=reprofile if cfg.reprofile else None, plateau=cfg.reprofile,
                              reference=reference)
     train_cfg = steps_train_config(cfg, ro, wiring.prompts, ctx.runtime)
-    trainer = Trainer(policy, train_cfg, batches, GRPOObjective(cfg.grpo), out_dir, stage=block.name,
+    trainer = Trainer(policy, train_cfg, batches, GRPOObjective(cfg.loss), out_dir, stage=block.name,
                       tokenizer_dir=start_from, recipe_hash=ctx.recipe_hash, log=rl_metric_log(tracker, run_id),
                       device=device, parent=start_from)
     resume = resume_point(out_dir, ctx.resume)
@@ -316,7 +317,7 @@ def steps_train_config(cfg, rollout, prompts: dict, runtime) -> "TrainConfig":
     from stagewise.model.config import TrainConfig
 
     seq_length = max(len(p.ids) for p in prompts.values()) + rollout.max_new_tokens
-    rows = max(1, cfg.prompts_per_step * rollout.group_size // getattr(rollout, "minibatches", 1))
+    rows = cfg.samples_per_step()
     return TrainConfig(
         tokens=cfg.steps * seq_length * rows, seq_length=seq_length, global_batch=rows,
         micro_batch=math.gcd(rows, cfg.micro_batch), optimizer=cfg.optimizer, schedule=cfg.schedule,

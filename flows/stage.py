@@ -86,6 +86,8 @@ class Stage:
     """Stages whose results this one reads: they must run in the same pipeline run."""
     start: Literal["none", "handed_on"] = "none"
     """handed_on: starts from the checkpoint the previous stage handed on, else `model.from`."""
+    lm_curve: bool = False
+    """Its train/lm_loss is drawn on the pipeline report's one token axis (a language-model stage)."""
 
 
 @contextmanager

@@ -45,7 +45,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from stagewise.config_base import StrictConfig
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
@@ -77,10 +79,8 @@ class Sampler(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class SamplingSettings(BaseModel):
+class SamplingSettings(StrictConfig):
     """How each step's responses are sampled (what RL and distillation share)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     group_size: int = Field(1, ge=1)
     """Responses sampled per prompt."""
@@ -103,6 +103,10 @@ class SamplingSettings(BaseModel):
         if self.recompute_old_logprobs and not self.off_policy:
             raise ValueError("recompute_old_logprobs only applies to off_policy rollouts (synchronous ones are not stale)")
         return self
+
+    def optimizer_steps(self) -> int:
+        """Optimizer steps each batch of samples is trained as: one (RL's rollouts may be split)."""
+        return 1
 
 
 class RolloutSettings(SamplingSettings):
@@ -129,12 +133,14 @@ class RolloutSettings(SamplingSettings):
                              "a batch may keep a single group, and every part needs a row")
         return self
 
+    def optimizer_steps(self) -> int:
+        """Optimizer steps each rollout batch is trained as: its `minibatches` parts."""
+        return self.minibatches
 
-class PlateauRule(BaseModel):
+
+class PlateauRule(StrictConfig):
     """When the training reward has stalled: the mean accuracy reward of the last `window` steps
     beats the `window` before them by no more than `min_gain` (checked at most once per 2 windows)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     window: int = Field(10, gt=0)
     """Steps per window."""
@@ -211,7 +217,7 @@ class RolloutBatches:
         self.accuracy.append(float(batch.metrics.get("rl/reward/accuracy", 0.0)))
         if self.reprofile is not None:
             batch.metrics["rl/reprofiled"] = float(reprofiled)
-        k = getattr(self.settings, "minibatches", 1)
+        k = self.settings.optimizer_steps()
         if k == 1:
             return [batch]
         if "old_logprobs" not in batch:  # the later parts are off-policy: ρ against the sampler's log-probs

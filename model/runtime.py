@@ -23,11 +23,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from stagewise.config_base import StrictConfig
 
-class RuntimeConfig(BaseModel):
+
+class RuntimeConfig(StrictConfig):
     """The recipe's `runtime:` block."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: cuda when torch sees a GPU, else cpu. cuda on a machine without one exits 2."""

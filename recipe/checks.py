@@ -4,10 +4,10 @@ Each library validates its own block (model.config, data.config, ...); what span
 here so each problem can name the exact YAML path that breaks it: phases and the tokenizer
 naming known sources, schedules fitting the stage's tokens, eval suites existing, SFT
 sources/blends/sub-stages agreeing, merging having checkpoints to merge, presets existing.
-Every check returns (yaml path, why, path whose line to cite) tuples. Recipe
-(recipe/schema.py) runs cross_problems() after field validation; the loader runs
-partial_cross_problems() on the parts that validate alone when the whole does not, so one bad
-field hides no other problem.
+Every check returns (yaml path, why, path whose line to cite) tuples. The loader
+(recipe/loader.py) runs cross_problems() once the recipe validates, and next to it the engine
+checks (engines/checks.py); when the whole does not validate it runs partial_cross_problems() on
+the parts that validate alone, so one bad field hides no other problem.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from stagewise.data.sft_config import SFTDataConfig
 from stagewise.recipe.errors import did_you_mean
 from stagewise.model.config import ModelConfig, TrainConfig
 
-if TYPE_CHECKING:  # the schema imports this module; its types are needed for annotations only
+if TYPE_CHECKING:  # types for annotations only
     from stagewise.recipe.schema import Recipe
 
 
@@ -40,111 +40,7 @@ def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out += _suite_problems(r, "stages.merge", r.stages.merge)
     out += _suite_problems(r, "stages.quantize", r.stages.quantize)
     out += _quantize_problems(r) if r.stages.quantize else []
-    out += _engine_problems(r)
     return out + _preset_problems(r.model)
-
-
-def _engine_problems(r: Recipe) -> list[tuple[str, str, str]]:
-    """Each trainable stage's engine is one it can have, and a launched engine says where it runs."""
-    from stagewise.recipe.blocks.engine import ENGINES_BY_STAGE
-
-    out = []
-    for name, engines in ENGINES_BY_STAGE.items():
-        block = getattr(r.stages, name)
-        if block is None:
-            continue
-        at = f"stages.{name}"
-        if block.engine not in engines:
-            out.append((f"{at}.engine", f"{block.engine!r} cannot train {name}; choose one of {', '.join(engines)}",
-                        f"{at}.engine"))
-        elif block.engine != "torch" and block.launch is None:
-            out.append((f"{at}.launch", f"engine {block.engine!r} is launched: give `launch` "
-                        "(env: {image: ...} or {venv: ...}, nodes, gpus_per_node, parallel)", f"{at}.engine"))
-        elif block.engine != "torch" and name not in LAUNCHED_STAGES:
-            out.append((f"{at}.engine", f"the {name} stage cannot launch {block.engine!r} yet (only "
-                        f"{', '.join(LAUNCHED_STAGES)} do; model/scaleout/ translates this block, docs/STACK.md says "
-                        "how far)", f"{at}.engine"))
-        elif block.engine != "torch" and getattr(block, "gate", None) is not None:
-            out.append((f"{at}.gate", _LAUNCHED_GATE.format(engine=block.engine), f"{at}.gate"))
-        elif block.engine == "megatron":
-            out += _megatron_problems(r, name)
-        elif block.engine == "nemo_rl":
-            from stagewise.engines.nemo_rl.checks import nemo_rl_problems
-
-            out += nemo_rl_problems(r, name)
-    return out
-
-
-_LAUNCHED_GATE = ("a gate evaluates between chunks of our engine's training; {engine!r} trains the stage in one go: "
-                  "drop the gate or use engine torch")
-
-PLACEHOLDER = "/placeholder"
-"""Where the recipe check's translation pretends data and checkpoints are (none exist before the run)."""
-
-
-def _megatron_problems(r: Recipe, name: str) -> list[tuple[str, str, str]]:
-    """What the Megatron-Bridge translation would refuse at the stage's start, found now: the same
-    translation as engines/megatron/stage.py, on placeholder paths."""
-    return {"pretrain": _megatron_pretrain, "long_context": _megatron_long_context, "sft": _megatron_sft}[name](r)
-
-
-def _refusals(translate: Callable[[], object]) -> list[tuple[str, str, str]]:
-    """The MegatronUnsupported a translation raises, as a problem at the field it names."""
-    from stagewise.engines.megatron.translate import MegatronUnsupported
-
-    try:
-        translate()
-    except MegatronUnsupported as e:
-        return [(e.field, e.message, e.field)]
-    return []
-
-
-def _megatron_pretrain(r: Recipe) -> list[tuple[str, str, str]]:
-    from stagewise.engines.megatron.translate import megatron_precision, plan_megatron
-
-    pre = r.stages.pretrain
-    view = TrainConfig.model_validate(pre.model_dump(include=set(TrainConfig.model_fields)))
-    view = view.model_copy(update={"precision": megatron_precision(pre.precision)})
-    return _refusals(lambda: plan_megatron(view, pre.launch, r.model, stage_mode="pretrain", save_dir=PLACEHOLDER,
-                                           blend=[(PLACEHOLDER, 1.0)], vocab_size=r.tokenizer.vocab_size,
-                                           field="stages.pretrain"))
-
-
-def _megatron_long_context(r: Recipe) -> list[tuple[str, str, str]]:
-    """Trained from pretraining's checkpoint: the recipe's model, its vocabulary the tokenizer's."""
-    from stagewise.engines.megatron.translate import plan_long_context
-
-    lc = r.stages.long_context
-    return _refusals(lambda: plan_long_context(lc, lc.launch, r.model, save_dir=PLACEHOLDER,
-                                               pretrained_checkpoint=PLACEHOLDER, blend=[(PLACEHOLDER, 1.0)],
-                                               vocab_size=r.tokenizer.vocab_size))
-
-
-def _megatron_sft(r: Recipe) -> list[tuple[str, str, str]]:
-    """Every sub-stage translated (from the recipe's model, or `model.from`), and what only a sub-stage
-    has: a gate (one launch per sub-stage) and max_epochs (Megatron samples the budget's steps,
-    wrapping its data as often as they need, with no cap on passes)."""
-    from stagewise.engines.megatron.translate import chat_jsonl_overrides, megatron_precision, plan_sft
-
-    sft, out = r.stages.sft, []
-    for i, sub in enumerate(sft.stages):
-        here = f"stages.sft.stages[{i}]"
-        if sub.gate is not None:
-            out.append((f"{here}.gate", _LAUNCHED_GATE.format(engine=sft.engine), f"{here}.gate"))
-        if sub.max_epochs is not None:
-            out.append((f"{here}.max_epochs", "Megatron-Bridge trains the budget's steps and wraps its data as often "
-                        "as they need (no cap on passes): drop max_epochs and size `tokens`, or use engine torch",
-                        f"{here}.max_epochs"))
-        view = sub.model_copy(update={"precision": megatron_precision(sub.precision)})
-        out += _refusals(lambda: plan_sft(view, sft.launch, r.model, save_dir=PLACEHOLDER,
-                                          pretrained_checkpoint=PLACEHOLDER, dataset="local-jsonl",
-                                          dataset_overrides=chat_jsonl_overrides(PLACEHOLDER),
-                                          vocab_size=r.tokenizer.vocab_size, field=here))
-    return out
-
-
-LAUNCHED_STAGES = ("pretrain", "long_context", "sft", "rl", "distill")
-"""Stages whose flow launches their engine (flows/launched*.py)."""
 
 
 def _merge_problems(r: Recipe) -> list[tuple[str, str, str]]:

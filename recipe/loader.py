@@ -23,9 +23,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from stagewise.data.config import WORLD_PREFIX
-from stagewise.recipe.checks import partial_cross_problems
+from stagewise.engines.checks import engine_problems
+from stagewise.recipe.checks import cross_problems, partial_cross_problems
 from stagewise.recipe.errors import RecipeError, cite_location, did_you_mean, join_path, locate, parse_path, show_file
-from stagewise.recipe.schema import STAGE_ORDER, Recipe, StagesConfig, not_yet_available
+from stagewise.recipe.schema import Recipe
 from stagewise.recipe.yaml_source import YamlLoader, drop_under, load_tree
 
 
@@ -86,8 +87,6 @@ def _child_type(tp: Any, token: str | int, at: str) -> Any:
             keys = _model_keys(t)
             if isinstance(token, str) and token in keys:
                 return t.model_fields[keys[token]].annotation
-            if t is StagesConfig and token in STAGE_ORDER:
-                raise _PathError(join_path(at, token), not_yet_available(str(token)))
             hint = did_you_mean(str(token), keys) or f"; valid keys: {', '.join(sorted(keys))}"
             raise _PathError(join_path(at, token), f"unknown key{hint}")
         origin, args = typing.get_origin(t), typing.get_args(t)
@@ -251,8 +250,6 @@ def _pydantic_problem(err: dict) -> tuple[str, str, str]:
     if err["type"] == "extra_forbidden":
         parent = _model_at(loc[:-1])
         name = str(loc[-1])
-        if parent is StagesConfig and name in STAGE_ORDER:
-            return path, not_yet_available(name), path
         keys = _model_keys(parent) if parent else {}
         return path, f"unknown key{did_you_mean(name, keys)}", path
     why = _friendly(err)
@@ -317,7 +314,8 @@ def load_recipe(path: str | Path, overrides: typing.Sequence[str] = ()) -> Loade
                 problems.append(("workdir", f"unknown variable ${{{var}}}; only ${{name}} and ${{seed}} are replaced", "workdir"))
     recipe = None
     try:
-        recipe = Recipe.model_validate(raw, context={"problems": problems})
+        recipe = Recipe.model_validate(raw)
+        problems += cross_problems(recipe) + engine_problems(recipe)  # the checks that span blocks
     except ValidationError as e:
         problems += [p for p in map(_pydantic_problem, e.errors(include_url=False)) if not _under(p[0], shapeless)]
         seen = {p for p, _, _ in problems}

@@ -2,9 +2,10 @@
 
 The models compose the libraries' own configs (model.config, data.config, data.sft_config,
 eval.gates) in one block per stage (recipe/blocks/) with the few settings that
-exist only at the recipe level. Recipe runs the cross-field checks of recipe/checks.py
-after field validation. STAGE_ORDER names every stage of the design in pipeline order;
-available_stages() and select_stages() say which of them this version (and a recipe) can run.
+exist only at the recipe level. The checks that span blocks are not validators here: the loader
+runs them after validation (recipe/checks.py, engines/checks.py), so no block imports a check. STAGE_ORDER is StagesConfig's fields: a stage's name is written once, as its block's field, and
+every other list of stages (the engines each can have, the flow registry's order) derives from it
+or is checked against it; select_stages() checks `--stages` against a recipe.
 Reading YAML into these models is recipe/loader.py's job.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import typing
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
 from stagewise.data.config import DataConfig, TokenizerConfig
@@ -26,7 +27,6 @@ from stagewise.recipe.blocks.pretrain import PretrainStage
 from stagewise.recipe.blocks.quantize import QuantizeStage
 from stagewise.recipe.blocks.rl import RLStage
 from stagewise.recipe.blocks.sft import SFTStage
-from stagewise.recipe.checks import cross_problems
 from stagewise.recipe.errors import RecipeError, did_you_mean
 
 
@@ -84,34 +84,37 @@ class Recipe(StrictConfig):
     """The stages to run, in pipeline order."""
 
     @model_validator(mode="after")
-    def _cross_checks(self, info: ValidationInfo) -> "Recipe":
-        if self.stages.pretrain is not None:  # quality tiers become plain blend weights (what the loader reads)
+    def _tiers_as_weights(self) -> "Recipe":
+        """Quality tiers become plain blend weights (what the loader reads). The checks that span
+        blocks are the loader's (recipe/checks.py, engines/checks.py), run after validation."""
+        if self.stages.pretrain is not None:
             self.stages.pretrain.phases = [p.with_tiers(self.data.sources) for p in self.stages.pretrain.phases]
-        # Checks that span libraries. The loader passes a list in the context to collect each
-        # problem with its own YAML path; a plain model_validate raises them all at once.
-        problems = cross_problems(self)
-        sink = (info.context or {}).get("problems")
-        if sink is not None:
-            sink.extend(problems)
-        elif problems:
-            raise ValueError("; ".join(f"{path}: {why}" for path, why, _ in problems))
         return self
 
 
 # --------------------------------------------------------------------------- stages
 
-STAGE_ORDER = ("pretrain", "merge", "long_context", "sft", "rl", "distill", "quantize")
-"""Every stage the design names, in pipeline order; later issues add the missing blocks."""
+STAGE_ORDER: tuple[str, ...] = tuple(StagesConfig.model_fields)
+"""Every stage, in pipeline order: the fields of StagesConfig, where a stage's name is written once."""
+
+
+def stage_blocks() -> dict[str, type]:
+    """Stage name -> its recipe block's class (the type of its StagesConfig field)."""
+    out = {}
+    for name, field in StagesConfig.model_fields.items():
+        (block,) = [t for t in typing.get_args(field.annotation) if t is not type(None)]
+        out[name] = block
+    return out
+
+
+def engines_by_stage() -> dict[str, tuple[str, ...]]:
+    """The engines each trainable stage can be given (each block's ENGINES; stages without an engine left out)."""
+    return {name: block.ENGINES for name, block in stage_blocks().items() if hasattr(block, "ENGINES")}
 
 
 def available_stages() -> list[str]:
-    """Stages this version can run (the blocks StagesConfig has)."""
-    return [s for s in STAGE_ORDER if s in StagesConfig.model_fields]
-
-
-def not_yet_available(stage: str) -> str:
-    """Why a stage the design names cannot be used here (the loader and `--stages` both say it)."""
-    return f"stage {stage!r} is not available yet in this version (available: {', '.join(available_stages())})"
+    """Stages this version can run: every StagesConfig block, in pipeline order."""
+    return list(STAGE_ORDER)
 
 
 def select_stages(recipe: Recipe, names: str | typing.Sequence[str] | None) -> list[str] | None:
@@ -123,8 +126,6 @@ def select_stages(recipe: Recipe, names: str | typing.Sequence[str] | None) -> l
     for n in wanted:
         if n not in STAGE_ORDER:
             problems.append(f"--stages: unknown stage {n!r}{did_you_mean(n, STAGE_ORDER)}")
-        elif n not in available_stages():
-            problems.append(f"--stages: {not_yet_available(n)}")
         elif getattr(recipe.stages, n) is None:
             problems.append(f"--stages: the recipe has no stages.{n} block")
     if problems or not wanted:

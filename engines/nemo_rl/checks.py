@@ -68,7 +68,7 @@ def _placement(at: str, block) -> list[Problem]:
 
 
 def _rl(r: Recipe) -> list[Problem]:
-    from stagewise.recipe.checks import PLACEHOLDER
+    from stagewise.engines import PLACEHOLDER
     from stagewise.engines.nemo_rl.translate import MlflowTarget, grpo_config, unsupported
 
     rl, at = r.stages.rl, "stages.rl"
@@ -96,7 +96,7 @@ def domain_agents(by_domain: dict[str, set[str]], at: str) -> tuple[dict[str, st
 
 
 def _distill(r: Recipe) -> list[Problem]:
-    from stagewise.recipe.checks import PLACEHOLDER
+    from stagewise.engines import PLACEHOLDER
     from stagewise.engines.nemo_rl.translate import MlflowTarget, distill_config, unsupported_distill
 
     d, at = r.stages.distill, "stages.distill"

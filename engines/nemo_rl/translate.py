@@ -84,12 +84,12 @@ loop never advances Megatron's train_state.step (docs/design-docs/checkpointing.
 
 
 class RLBlock(Protocol):
-    """What the translation reads of the RL block (flows/rl_schema.RLStage has all of it)."""
+    """What the translation reads of the RL block (recipe/blocks/rl.py's RLStage has all of it)."""
 
     steps: int
     prompts_per_step: int
     rollout: RolloutSettings
-    grpo: GRPOConfig
+    loss: GRPOConfig
     rewards: RewardConfig
     optimizer: OptimizerConfig
     schedule: ScheduleConfig
@@ -149,7 +149,7 @@ def grpo_config(stage: RLBlock, *, model: str, launch: LaunchConfig, run_dir: st
     curriculum are applied there, so `data.shuffle` is false); `gym_config_paths` the NeMo Gym
     server configs that verify those rows; `max_prompt_tokens` the longest prompt, which with
     max_new_tokens sizes the sequence (as flows' steps_train_config does for our engine)."""
-    ro, loss = stage.rollout, stage.grpo
+    ro, loss = stage.rollout, stage.loss
     cfg = _common(stage, ro, model=model, launch=launch, run_dir=run_dir, train_path=train_path,
                   gym_config_paths=gym_config_paths, max_prompt_tokens=max_prompt_tokens, mlflow=mlflow,
                   val_path=val_path, seed=seed, tokenizer=tokenizer)
@@ -383,7 +383,7 @@ def _micro_batch(stage: Any, ro: SamplingSettings) -> int:
 
 def minibatches(ro: SamplingSettings) -> int:
     """Optimizer steps per rollout batch (RL's rollout.minibatches; distillation samples have none: 1)."""
-    return getattr(ro, "minibatches", 1)
+    return ro.optimizer_steps()
 
 
 def rollout_steps(stage: Any) -> int:
@@ -403,7 +403,7 @@ def unsupported(stage: RLBlock, *, environments: Iterable[str] = (), gym_agents:
     them a NeMo Gym agent verifies instead (name -> agent); `max_prompt_tokens` lets the warmup's
     conversion to whole steps be checked. The difficulty filter and the curriculum are not listed:
     they run on our side and reach NeMo RL as ordered rows (ordered_rows)."""
-    ro, loss = stage.rollout, stage.grpo
+    ro, loss = stage.rollout, stage.loss
     out = _shared(stage, ro, environments, gym_agents, max_prompt_tokens)
     if ro.off_policy:
         out.append(("rollout.off_policy", "NeMo RL's async GRPO refuses use_dynamic_sampling "

@@ -36,8 +36,9 @@ import math
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from stagewise.config_base import StrictConfig
 from stagewise.model.objectives.auxiliary import add_auxiliary
 
 if TYPE_CHECKING:
@@ -164,10 +165,9 @@ def k3(logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
-class GRPOConfig(BaseModel):
+class GRPOConfig(StrictConfig):
     """The knobs of the GRPO loss (defaults: ALGORITHMS.md section 5)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip: rho >= 1 - eps_low")
     eps_high: float = Field(0.28, ge=0, description="upper clip: rho <= 1 + eps_high")

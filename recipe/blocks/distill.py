@@ -15,17 +15,14 @@ round's student.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
-from stagewise.recipe.blocks.rl import RLData, RLStage
-from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig
-from stagewise.model.objectives.grpo import GRPOConfig
 from stagewise.model.rl_batches import SamplingSettings
-from stagewise.recipe.blocks.engine import EngineChoice, NemoGym
-
+from stagewise.recipe.blocks.on_policy import OnPolicyStage
+from stagewise.recipe.blocks.rl import RLData, RLStage
 
 
 class TeacherSpec(StrictConfig):
@@ -54,8 +51,10 @@ class TeacherSpec(StrictConfig):
         return self
 
 
-class DistillStage(EngineChoice):
+class DistillStage(OnPolicyStage):
     """Multi-teacher on-policy distillation (docs/ALGORITHMS.md section 7)."""
+
+    ENGINES: ClassVar[tuple[str, ...]] = ("torch", "nemo_rl")
 
     data: RLData | None = None
     """Prompts (RL task rows) the student answers, and held-out rows for pass@1 (None: stages.rl.data)."""
@@ -72,29 +71,11 @@ class DistillStage(EngineChoice):
     """Optimizer steps per round (one batch of student samples each)."""
     prompts_per_step: int = Field(32, gt=0)
     """Prompts per step; each is sampled rollout.group_size times."""
-    domains: dict[str, float] | None = None
-    """Share of each domain in every batch (default: equal over the sources' domains)."""
     rollout: SamplingSettings = Field(default_factory=SamplingSettings)
     """Student sampling: responses per prompt, length, temperature, one-step off-policy."""
     discount: float = Field(0.0, ge=0, le=1)
     """0: each token's advantage is its own log π_T - log π_S (the published recipe); > 0 adds the
     discounted later tokens of the response."""
-    loss: GRPOConfig = Field(default_factory=GRPOConfig)
-    """Clipping and masked importance sampling (RL's loss; its temperature is the rollout's)."""
-    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-4, min_lr=1e-4, weight_decay=0.0))
-    """AdamW settings."""
-    schedule: ScheduleConfig = Field(default_factory=lambda: ScheduleConfig(kind="constant"))
-    """Learning-rate schedule (constant by default)."""
-    micro_batch: int = Field(64, gt=0)
-    """Responses per forward/backward."""
-    reasoning: bool = False
-    """Render prompts with reasoning on or off."""
-    backend: Literal["hf", "hf-process", "vllm"] = "hf"
-    """Student rollout backend (as stages.rl.backend)."""
-    worker_threads: int = Field(1, ge=1)
-    """hf-process: torch threads of the rollout worker."""
-    vllm_url: str = "http://127.0.0.1:8000"
-    """backend vllm: the student's vLLM server."""
     teacher_backend: Literal["hf", "vllm"] = "hf"
     """hf: teachers loaded once in this process (eval mode); vllm: one vLLM server per teacher
     (each teacher's `url`), returning prompt log-probs (GPU extra)."""
@@ -105,14 +86,6 @@ class DistillStage(EngineChoice):
     retention_margin: float = Field(0.05, ge=0)
     """Largest drop of any suite score the stage accepts; a larger one is logged
     (distill/retained = 0) and said in the log."""
-    precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """auto: bf16 autocast on CUDA with bf16 support, fp32 otherwise."""
-    checkpoint_every_steps: int | None = Field(None, gt=0)
-    """Save a resumable checkpoint every N steps (and always at the end)."""
-    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
-    """Monitors."""
-    nemo_gym: NemoGym | None = None
-    """engine nemo_rl: the NeMo Gym agents that verify the prompts' rows there (None: none given)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "DistillStage":
@@ -133,8 +106,6 @@ class DistillStage(EngineChoice):
                              f"an `rl` block ({fixed} has none)")
         if self.loss.kl_coeff > 0:
             raise ValueError("loss.kl_coeff must be 0: the distillation signal is already a KL (to the teacher)")
-        if "temperature" in self.loss.model_fields_set and self.loss.temperature != self.rollout.temperature:
-            raise ValueError("loss.temperature must equal rollout.temperature (set rollout.temperature only)")
         if self.teacher_backend == "vllm":
             missing = [t.name for t in self.teachers if not t.url]
             if missing:
@@ -142,7 +113,6 @@ class DistillStage(EngineChoice):
             if self.rollout.temperature != 1.0:
                 raise ValueError("teacher_backend vllm scores at temperature 1 (vLLM's prompt log-probs are unscaled): "
                                  "set rollout.temperature: 1.0")
-        self.loss = self.loss.model_copy(update={"temperature": self.rollout.temperature})
         return self
 
     def routes(self) -> dict[str, str]:

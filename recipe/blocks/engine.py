@@ -9,7 +9,7 @@ engines/nemo_rl/translate.py) read these; the data-parallel size is what the GPU
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -18,14 +18,6 @@ from stagewise.config_base import StrictConfig
 Engine = Literal["torch", "megatron", "nemo_rl"]
 """torch: ours, in process. megatron: Megatron-Bridge. nemo_rl: NeMo RL (GRPO, on-policy distillation)."""
 
-ENGINES_BY_STAGE: dict[str, tuple[str, ...]] = {
-    "pretrain": ("torch", "megatron"),
-    "long_context": ("torch", "megatron"),
-    "sft": ("torch", "megatron"),
-    "rl": ("torch", "nemo_rl"),
-    "distill": ("torch", "nemo_rl"),
-}
-"""The engines each trainable stage can be given."""
 
 
 
@@ -150,8 +142,11 @@ class NemoGym(StrictConfig):
 
 
 class EngineChoice(StrictConfig):
-    """The `engine` and `launch` keys every trainable stage block has (recipe/checks.py checks
-    the engine against the stage: ENGINES_BY_STAGE, and that a launched engine has a `launch`)."""
+    """The `engine` and `launch` keys every trainable stage block has (engines/checks.py checks
+    the engine against the block's ENGINES, and that a launched engine has a `launch`)."""
+
+    ENGINES: ClassVar[tuple[str, ...]] = ("torch",)
+    """The engines this stage's block can be given (each trainable block names its own)."""
 
     engine: Engine = "torch"
     """Which engine trains the stage: torch (ours, in this process), megatron (Megatron-Bridge:

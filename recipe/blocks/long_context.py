@@ -4,7 +4,7 @@ what only the stage decides (which lengths to probe with needles)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -15,6 +15,8 @@ from stagewise.recipe.blocks.engine import EngineChoice
 
 class LongContextStage(EngineChoice):
     """Long-context continued pretraining: constant LR, a sequence-length mix, its own blend."""
+
+    ENGINES: ClassVar[tuple[str, ...]] = ("torch", "megatron")
 
     tokens: int = Field(gt=0)
     """Token budget of the stage."""

@@ -3,6 +3,8 @@ switching at token fractions, an optional gate, on our engine or a launched one.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from stagewise.data.config import PhaseConfig
@@ -13,6 +15,8 @@ from stagewise.recipe.blocks.engine import EngineChoice
 
 class PretrainStage(TrainConfig, EngineChoice):
     """Phased pretraining: one LR schedule over the stage, blends switching at token fractions."""
+
+    ENGINES: ClassVar[tuple[str, ...]] = ("torch", "megatron")
 
     phases: list[PhaseConfig] = Field(min_length=1)
     """The curriculum: e.g. a diversity blend until 0.8, then a quality blend until 1.0."""

@@ -10,17 +10,16 @@ token count internally.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
 from stagewise.data.rl_curriculum import CurriculumConfig
 from stagewise.eval.rewards import RewardConfig
-from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig
 from stagewise.model.objectives.grpo import GRPOConfig
 from stagewise.model.rl_batches import PlateauRule, RolloutSettings
-from stagewise.recipe.blocks.engine import EngineChoice, NemoGym
+from stagewise.recipe.blocks.on_policy import OnPolicyStage
 
 
 
@@ -82,19 +81,20 @@ class DifficultyFilter(StrictConfig):
     """Also drop prompts solved 0/k (default: kept and counted; the curriculum weighs them late)."""
 
 
-class RLStage(EngineChoice):
+class RLStage(OnPolicyStage):
     """GRPO on verifiable rewards (docs/ALGORITHMS.md sections 5 and 6)."""
+
+    ENGINES: ClassVar[tuple[str, ...]] = ("torch", "nemo_rl")
 
     data: RLData
     """Task rows, held-out rows."""
     steps: int = Field(gt=0)
     """Optimizer steps (one rollout batch each, or every `rollout.minibatches` steps)."""
-    prompts_per_step: int = Field(16, gt=0)
-    """Prompts per step; each is sampled group_size times."""
-    domains: dict[str, float] | None = None
-    """Share of each domain in every batch (default: equal over the sources' domains)."""
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
-    """Group size, response length, temperature, one-step off-policy."""
+    """Group size, response length, temperature, one-step off-policy, minibatches per rollout batch."""
+    loss: GRPOConfig = Field(default_factory=GRPOConfig, alias="grpo")
+    """Clipping, masked importance sampling, KL (its temperature is the rollout's). The recipe key is
+    `grpo` (its name before the on-policy blocks shared one loss key; `loss` is accepted too)."""
     filter: DifficultyFilter | None = Field(default_factory=DifficultyFilter)
     """The difficulty profile (None: no profile, every prompt kept at pass rate 0.5)."""
     curriculum: CurriculumConfig | None = Field(default_factory=CurriculumConfig)
@@ -104,32 +104,6 @@ class RLStage(EngineChoice):
     so the curriculum weighs what is hard now (None: the starting profile throughout)."""
     rewards: RewardConfig = Field(default_factory=RewardConfig)
     """Reward components and their weights."""
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    """Clipping, masked importance sampling, KL (its temperature is the rollout's)."""
-    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-4, min_lr=1e-4, weight_decay=0.0))
-    """AdamW settings."""
-    schedule: ScheduleConfig = Field(default_factory=lambda: ScheduleConfig(kind="constant"))
-    """Learning-rate schedule (constant by default)."""
-    micro_batch: int = Field(64, gt=0)
-    """Responses per forward/backward."""
-    reasoning: bool = False
-    """Render prompts with reasoning on (the model thinks first) or off (it answers directly)."""
-    backend: Literal["hf", "hf-process", "vllm"] = "hf"
-    """Rollout backend: hf (transformers' generate in process, CPU or GPU), hf-process (the same in a
-    worker process, so off-policy sampling overlaps training without the GIL), or vllm (a vLLM
-    server started with TRL's weight-sync flags, model/rollout/vllm.py; GPU extra)."""
-    worker_threads: int = Field(1, ge=1)
-    """hf-process: torch threads of the rollout worker (the trainer keeps the rest)."""
-    vllm_url: str = "http://127.0.0.1:8000"
-    """Where the vLLM server listens (backend vllm)."""
-    precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """auto: bf16 autocast on CUDA with bf16 support, fp32 otherwise."""
-    checkpoint_every_steps: int | None = Field(None, gt=0)
-    """Save a resumable checkpoint every N steps (and always at the end)."""
-    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
-    """Monitors."""
-    nemo_gym: NemoGym | None = None
-    """engine nemo_rl: the NeMo Gym agents that verify the rows there (None: none given)."""
 
     @model_validator(mode="after")
     def _reprofile_needs_a_curriculum(self) -> "RLStage":
@@ -144,17 +118,3 @@ class RLStage(EngineChoice):
             raise ValueError(f"steps ({self.steps}) must be a multiple of rollout.minibatches ({k}): "
                              "every rollout batch is trained whole")
         return self
-
-    @model_validator(mode="after")
-    def _temperatures(self) -> "RLStage":
-        if "temperature" in self.grpo.model_fields_set and self.grpo.temperature != self.rollout.temperature:
-            raise ValueError("grpo.temperature must equal rollout.temperature (set rollout.temperature only)")
-        self.grpo = self.grpo.model_copy(update={"temperature": self.rollout.temperature})
-        return self
-
-
-def block_spec(stage: BaseModel, exclude: set[str]) -> dict:
-    """An RL or distill block as a step spec without `exclude`; `nemo_gym` only when given, so a
-    step finished before the key existed keeps its hash (it matters only to engine nemo_rl)."""
-    unset = {"nemo_gym"} if getattr(stage, "nemo_gym", None) is None else set()
-    return stage.model_dump(exclude=exclude | unset)

@@ -3,7 +3,7 @@ turn (each its blend, pack size, loss normalisation, schedule, optional LoRA and
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -38,6 +38,8 @@ class SFTSubStage(TrainConfig):
 
 class SFTStage(EngineChoice):
     """Supervised fine-tuning: curate conversations, then train one or more sub-stages in turn."""
+
+    ENGINES: ClassVar[tuple[str, ...]] = ("torch", "megatron")
 
     data: SFTDataConfig
     """Sources, curation and the optional demo-world conversations."""

@@ -34,7 +34,7 @@ def test_an_rl_teacher_is_stages_rl_with_its_overrides():
     recipe = load_recipe(TINY).recipe
     spec = TeacherSpec(name="t", domains=["format"], rl={"steps": 4, "rollout": {"temperature": 0.7}})
     rl = teacher_rl_block(spec, recipe.stages.rl)
-    assert rl.steps == 4 and rl.rollout.temperature == 0.7 and rl.grpo.temperature == 0.7  # follows the rollout
+    assert rl.steps == 4 and rl.rollout.temperature == 0.7 and rl.loss.temperature == 0.7  # follows the rollout
     assert rl.rollout.group_size == recipe.stages.rl.rollout.group_size  # the rest is stages.rl's
     assert rl.data == recipe.stages.rl.data
     with pytest.raises(ValueError, match="starts from the recipe's stages.rl block"):

@@ -23,7 +23,7 @@ def test_the_shipped_rl_block_validates_and_selects():
     recipe = load_recipe(TINY).recipe
     block = select(recipe)
     assert block is not None and block.stage.steps > 0
-    assert block.stage.grpo.temperature == block.stage.rollout.temperature
+    assert block.stage.loss.temperature == block.stage.rollout.temperature
     assert registered("rl").start == "handed_on"
 
 
@@ -39,7 +39,7 @@ def test_world_paths_need_the_world_and_a_file_it_writes():
 
 
 def test_a_second_temperature_is_refused():
-    assert "grpo.temperature must equal rollout.temperature" in problems("stages.rl.grpo.temperature=0.5")
+    assert "grpo.temperature must equal rollout.temperature" in problems("stages.rl.loss.temperature=0.5")
 
 
 def test_a_domain_share_must_be_positive():

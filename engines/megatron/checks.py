@@ -1,0 +1,79 @@
+"""The recipe check of a stage on Megatron-Bridge: its translation run on placeholder paths, so what
+the translation refuses is an exit 2 naming the field before any work, not a failure at the stage's start."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from stagewise.engines import LAUNCHED_GATE, PLACEHOLDER
+from stagewise.model.config import TrainConfig
+
+if TYPE_CHECKING:
+    from stagewise.recipe.schema import Recipe
+
+
+def megatron_problems(r: Recipe, name: str) -> list[tuple[str, str, str]]:
+    """What the Megatron-Bridge translation would refuse at the stage's start, found now: the same
+    translation as engines/megatron/stage.py, on placeholder paths (one check per block type)."""
+    from stagewise.recipe.blocks.long_context import LongContextStage
+    from stagewise.recipe.blocks.pretrain import PretrainStage
+    from stagewise.recipe.blocks.sft import SFTStage
+
+    checks = {PretrainStage: _megatron_pretrain, LongContextStage: _megatron_long_context, SFTStage: _megatron_sft}
+    return checks[type(getattr(r.stages, name))](r)
+
+
+def _refusals(translate: Callable[[], object]) -> list[tuple[str, str, str]]:
+    """The MegatronUnsupported a translation raises, as a problem at the field it names."""
+    from stagewise.engines.megatron.translate import MegatronUnsupported
+
+    try:
+        translate()
+    except MegatronUnsupported as e:
+        return [(e.field, e.message, e.field)]
+    return []
+
+
+def _megatron_pretrain(r: Recipe) -> list[tuple[str, str, str]]:
+    from stagewise.engines.megatron.translate import megatron_precision, plan_megatron
+
+    pre = r.stages.pretrain
+    view = TrainConfig.model_validate(pre.model_dump(include=set(TrainConfig.model_fields)))
+    view = view.model_copy(update={"precision": megatron_precision(pre.precision)})
+    return _refusals(lambda: plan_megatron(view, pre.launch, r.model, stage_mode="pretrain", save_dir=PLACEHOLDER,
+                                           blend=[(PLACEHOLDER, 1.0)], vocab_size=r.tokenizer.vocab_size,
+                                           field="stages.pretrain"))
+
+
+def _megatron_long_context(r: Recipe) -> list[tuple[str, str, str]]:
+    """Trained from pretraining's checkpoint: the recipe's model, its vocabulary the tokenizer's."""
+    from stagewise.engines.megatron.translate import plan_long_context
+
+    lc = r.stages.long_context
+    return _refusals(lambda: plan_long_context(lc, lc.launch, r.model, save_dir=PLACEHOLDER,
+                                               pretrained_checkpoint=PLACEHOLDER, blend=[(PLACEHOLDER, 1.0)],
+                                               vocab_size=r.tokenizer.vocab_size))
+
+
+def _megatron_sft(r: Recipe) -> list[tuple[str, str, str]]:
+    """Every sub-stage translated (from the recipe's model, or `model.from`), and what only a sub-stage
+    has: a gate (one launch per sub-stage) and max_epochs (Megatron samples the budget's steps,
+    wrapping its data as often as they need, with no cap on passes)."""
+    from stagewise.engines.megatron.translate import chat_jsonl_overrides, megatron_precision, plan_sft
+
+    sft, out = r.stages.sft, []
+    for i, sub in enumerate(sft.stages):
+        here = f"stages.sft.stages[{i}]"
+        if sub.gate is not None:
+            out.append((f"{here}.gate", LAUNCHED_GATE.format(engine=sft.engine), f"{here}.gate"))
+        if sub.max_epochs is not None:
+            out.append((f"{here}.max_epochs", "Megatron-Bridge trains the budget's steps and wraps its data as often "
+                        "as they need (no cap on passes): drop max_epochs and size `tokens`, or use engine torch",
+                        f"{here}.max_epochs"))
+        view = sub.model_copy(update={"precision": megatron_precision(sub.precision)})
+        out += _refusals(lambda: plan_sft(view, sft.launch, r.model, save_dir=PLACEHOLDER,
+                                          pretrained_checkpoint=PLACEHOLDER, dataset="local-jsonl",
+                                          dataset_overrides=chat_jsonl_overrides(PLACEHOLDER),
+                                          vocab_size=r.tokenizer.vocab_size, field=here))
+    return out

@@ -1,0 +1,79 @@
+"""What the RL and distillation blocks share: an on-policy trainer's sampling, loss and optimizer.
+
+Both stages sample responses from the policy, score every token (RL: a verifier's reward, spread
+by GRPO's group advantage; distillation: a teacher's log-probability against the student's) and
+train through the same clipped, importance-sampled loss (model/objectives/grpo.py). So the keys
+that describe that trainer are declared once, here; each stage's block adds what only it decides
+(RL: rewards, the difficulty filter, the curriculum; distillation: the teachers and rounds).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig
+from stagewise.model.objectives.grpo import GRPOConfig
+from stagewise.model.rl_batches import SamplingSettings
+from stagewise.recipe.blocks.engine import EngineChoice, NemoGym
+
+
+class OnPolicyStage(EngineChoice):
+    """An on-policy trainer's keys (docs/ALGORITHMS.md sections 5 to 7)."""
+
+    steps: int = Field(gt=0)
+    """Optimizer steps."""
+    prompts_per_step: int = Field(16, gt=0)
+    """Prompts per rollout batch; each is sampled rollout.group_size times."""
+    domains: dict[str, float] | None = None
+    """Share of each domain in every batch (default: equal over the sources' domains)."""
+    rollout: SamplingSettings = Field(default_factory=SamplingSettings)
+    """Sampling: responses per prompt, length, temperature, one-step off-policy."""
+    loss: GRPOConfig = Field(default_factory=GRPOConfig)
+    """Clipping, masked importance sampling, KL (its temperature is the rollout's)."""
+    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-4, min_lr=1e-4, weight_decay=0.0))
+    """AdamW settings."""
+    schedule: ScheduleConfig = Field(default_factory=lambda: ScheduleConfig(kind="constant"))
+    """Learning-rate schedule (constant by default)."""
+    micro_batch: int = Field(64, gt=0)
+    """Responses per forward/backward."""
+    reasoning: bool = False
+    """Render prompts with reasoning on (the model thinks first) or off (it answers directly)."""
+    backend: Literal["hf", "hf-process", "vllm"] = "hf"
+    """Rollout backend: hf (transformers' generate in process, CPU or GPU), hf-process (the same in a
+    worker process, so off-policy sampling overlaps training without the GIL), or vllm (a vLLM
+    server started with TRL's weight-sync flags, model/rollout/vllm.py; GPU extra)."""
+    worker_threads: int = Field(1, ge=1)
+    """hf-process: torch threads of the rollout worker (the trainer keeps the rest)."""
+    vllm_url: str = "http://127.0.0.1:8000"
+    """Where the policy's vLLM server listens (backend vllm)."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """auto: bf16 autocast on CUDA with bf16 support, fp32 otherwise."""
+    checkpoint_every_steps: int | None = Field(None, gt=0)
+    """Save a resumable checkpoint every N steps (and always at the end)."""
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Monitors."""
+    nemo_gym: NemoGym | None = None
+    """engine nemo_rl: the NeMo Gym agents that verify the rows there (None: none given)."""
+
+    @model_validator(mode="after")
+    def _loss_temperature_is_the_rollouts(self) -> "OnPolicyStage":
+        """The trainer's log-probs must be taken at the temperature the samples were drawn at."""
+        key = type(self).model_fields["loss"].alias or "loss"  # as the recipe spells it (RL: grpo)
+        if "temperature" in self.loss.model_fields_set and self.loss.temperature != self.rollout.temperature:
+            raise ValueError(f"{key}.temperature must equal rollout.temperature (set rollout.temperature only)")
+        self.loss = self.loss.model_copy(update={"temperature": self.rollout.temperature})
+        return self
+
+    def samples_per_step(self) -> int:
+        """Rows of one optimizer step: a rollout batch's samples over the steps it is trained as."""
+        return max(1, self.prompts_per_step * self.rollout.group_size // self.rollout.optimizer_steps())
+
+
+def block_spec(stage: OnPolicyStage, exclude: set[str]) -> dict:
+    """An RL or distill block as a step spec without `exclude`, keys as the recipe spells them;
+    `nemo_gym` only when given, so a step finished before the key existed keeps its hash (it
+    matters only to engine nemo_rl)."""
+    unset = {"nemo_gym"} if stage.nemo_gym is None else set()
+    return stage.model_dump(exclude=exclude | unset, by_alias=True)

@@ -1,0 +1,139 @@
+"""The house's shape: one import root, rooms linked into it, no circles between rooms, none too big.
+
+The repository keeps its rooms as top-level folders (flows/, model/, recipe/, ...) and installs
+them under one name, `stagewise`, through links in stagewise/ (stagewise/flows -> ../flows). These
+tests hold the rules that layout needs to stay true as code is added: every room is linked and
+every link is a room, nothing imports a room by its bare name (that would work in a checkout and
+fail in an installed wheel), files of different rooms never import each other in a circle, and
+no room grows above a third of the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROOT = REPO / "stagewise"
+NOT_ROOMS = {"tests", "benchmarks", "docs", "recipes", "stagewise", "build"}
+PACKAGE_DATA_LINKS = {"recipes"}
+
+
+def _rooms() -> set[str]:
+    """Top-level folders that are Python packages: the rooms."""
+    return {p.name for p in REPO.iterdir() if p.is_dir() and not p.is_symlink() and (p / "__init__.py").is_file()
+            and p.name not in NOT_ROOMS and not p.name.startswith(".")}
+
+
+def _modules() -> dict[str, Path]:
+    """stagewise.<room>.<...> -> its file, for every module of every room."""
+    out = {}
+    for room in _rooms():
+        for f in (REPO / room).rglob("*.py"):
+            parts = list(f.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(["stagewise", *parts])] = f
+    for f in ROOT.glob("*.py"):
+        out["stagewise" if f.stem == "__init__" else f"stagewise.{f.stem}"] = f
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The stagewise modules a file imports, anywhere in it (lazy imports inside functions too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                out.add(name)
+    return out
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in _rooms() else "(root)"
+
+
+def test_every_room_is_linked_into_the_import_root_and_every_link_is_a_room():
+    links = {p.name: p for p in ROOT.iterdir() if p.is_symlink()}
+    assert set(links) == _rooms() | PACKAGE_DATA_LINKS
+    for name, link in links.items():
+        assert os.readlink(link) == f"../{name}", f"stagewise/{name} must point at ../{name}"
+
+
+def test_no_file_imports_a_room_by_its_bare_name():
+    """`import model` works in a checkout (the repository on sys.path) and fails in an installed wheel."""
+    rooms = _rooms()
+    bad = []
+    for f in [*REPO.glob("*.py"), *(p for d in (*rooms, "tests", "benchmarks") for p in (REPO / d).rglob("*.py"))]:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            bad += [f"{f.relative_to(REPO)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in rooms]
+    assert not bad, "import through the root (`stagewise.<room>`):\n" + "\n".join(bad)
+
+
+def _cycles_across_rooms(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components (Tarjan) that hold modules of more than one room."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len({_room(m) for m in comp}) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_runs_between_files_of_different_rooms():
+    modules = _modules()
+    graph = defaultdict(set)
+    for name, path in modules.items():
+        for dep in _imports(path, modules):
+            if dep != name and not name.startswith(dep + "."):  # a package's own __init__ is not a circle
+                graph[name].add(dep)
+    assert _cycles_across_rooms(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle_between_rooms():
+    """The check above can fail: two files of different rooms importing each other are found."""
+    graph = {"stagewise.flows.a": {"stagewise.model.b"}, "stagewise.model.b": {"stagewise.flows.a"},
+             "stagewise.model.c": {"stagewise.model.d"}, "stagewise.model.d": {"stagewise.model.c"}}
+    assert _cycles_across_rooms(graph) == [["stagewise.flows.a", "stagewise.model.b"]]
+
+
+def test_no_room_holds_more_than_a_third_of_the_code():
+    lines = defaultdict(int)
+    for name, path in _modules().items():
+        lines[_room(name)] += len(path.read_text().splitlines())
+    total = sum(lines.values())
+    assert max(lines.values()) <= total / 3, dict(lines)
