@@ -5,7 +5,7 @@ that cannot be used is the user's to fix in an editor, not a failure of the prog
 library raises this one type with a message that names the field, file and line, and the
 `stagewise` command maps it to exit 2 without a traceback (anything else is exit 1). It lives
 in `data`, the library every other one may import (data imports no other library), and
-depends on nothing; flows.recipe_errors.RecipeError is this same class.
+depends on nothing; recipe.errors.RecipeError is this same class.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ registered with the alias `sft`.
 
 With `engine: megatron` the data path and the evaluations are the same; each sub-stage's training
 is one Megatron-Bridge run on its kept conversations as chat rows (engines/megatron/chat_rows.py,
-flows/launched_megatron.sft_plan: import -> train -> export), adopted as the sub-stage's checkpoint
+engines/megatron/stage.py's sft_plan: import -> train -> export), adopted as the sub-stage's checkpoint
 and scored once (the recipe check refuses sub-stage gates and max_epochs there).
 """
 

@@ -24,7 +24,7 @@ nor loses a stage:
 - A checkpoint registered with a tracking server (http/https) is hard-linked into the run's
   artifacts first: the server accepts a local model-version source only inside them.
 - Every other call retries transient errors (connection refused or reset, timeouts, HTTP
-  5xx/429: `tasks.retry.is_transient`) with exponential backoff for up to `retry_seconds`,
+  5xx/429: `store.retry.is_transient`) with exponential backoff for up to `retry_seconds`,
   and never retries a deterministic one (e.g. RESOURCE_DOES_NOT_EXIST). MLflow's own HTTP
   retries default to 0 here (`MLFLOW_HTTP_REQUEST_MAX_RETRIES`; a value you set wins): its
   default of 7 retries with backoff factor 2 blocks one call for about four minutes before

@@ -26,7 +26,7 @@ def prepare_data_task(
     """Prepare (or reuse) the data and log per-source token counts to the stage run.
 
     Returns a PreparedRef, or a Cached state holding it when the digest's directory was reused
-    (unwrap with tasks.steps.value_of)."""
+    (unwrap with store.steps.value_of)."""
     from stagewise.data.prepare import prepare_data
 
     prepared = prepare_data(data, tokenizer, Path(workdir), seed, base_dir=Path(base_dir))

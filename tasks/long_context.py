@@ -16,7 +16,7 @@ from stagewise.tasks.policy import retrying
 @task(**retrying("prepare-doc-qa"))
 def doc_qa_task(tokenizer_dir: str, cfg: DocQAConfig, seed: int, workdir: str):
     """Document-QA train/val shards under `<workdir>/data/doc_qa-<hash>`: {"train": dir, "val": dir},
-    or a Cached state holding them when the step was reused (unwrap with tasks.steps.value_of)."""
+    or a Cached state holding them when the step was reused (unwrap with store.steps.value_of)."""
     from stagewise.data.long_context import prepare_doc_qa
     from transformers import AutoTokenizer
 

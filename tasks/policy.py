@@ -2,7 +2,7 @@
 
 - Tasks that read or write MLflow or the filesystem retry transient failures (a server
   restarting, a timeout, a locked SQLite file) with growing delays, and never retry
-  deterministic ones (bad input, a gate's decision, divergence): `tasks.retry.retry_if_transient`.
+  deterministic ones (bad input, a gate's decision, divergence): `store.retry.retry_if_transient`.
 - Training is not retried by Prefect: a stretch is long, its metrics already survive an MLflow
   outage (Tracker's spool), and a crash is continued exactly with `stagewise run --resume`.
 - Results are small references (paths, digests, metric dicts, never tensors), persisted so a

@@ -3,7 +3,7 @@
     report = write_chat_rows(sample_jsonl, tokenizer_dir, pack_size=512, off_fraction=0.5, seed=3, out=root)
     # root/training.jsonl, root/report.json: {"conversations", "dropped", "reasoning_off"}
 
-`--dataset local-jsonl` with model/scaleout/megatron_bridge.chat_jsonl_overrides reads
+`--dataset local-jsonl` with engines/megatron/translate.py's chat_jsonl_overrides reads
 `<root>/training.jsonl` through Megatron-Bridge's ChatSFTPreprocessingConfig: each row's
 `messages` (and `tools`) rendered by the run's HF tokenizer's chat template with the row's
 `chat_template_kwargs`, the loss on the assistant turns. The run's tokenizer is the SFT start

@@ -27,7 +27,7 @@ to the next, and every sub-stage's checkpoint is scored by the stage's evaluatio
 
 Every run's last save is exported through the HF bridge against a template directory (the input
 checkpoint, or for pretraining from a preset its config and the prepared tokenizer) and adopted as
-our checkpoint by flows/launched.run_engine.
+our checkpoint by engines/launch/stage.py's run_engine.
 """
 
 from __future__ import annotations

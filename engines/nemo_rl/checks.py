@@ -1,7 +1,7 @@
 """The recipe check of `engine: nemo_rl` (rl, distill): NeMo RL's translation, run before any work.
 
 What the recipe alone tells is checked here, so a stage NeMo RL cannot train is refused (exit 2)
-before any data is made: the features NeMo RL cannot express (model/scaleout/nemo_rl.unsupported
+before any data is made: the features NeMo RL cannot express (engines/nemo_rl/translate.py's unsupported
 and unsupported_distill), every verifier the rows name having a NeMo Gym agent in `nemo_gym.agents`
 (a source's `environment`; for the demo world's files, the verifiers its domain writes), where the
 entry runs, and the translation itself on placeholder paths (distillation: teacher routes by

@@ -1,7 +1,7 @@
 """`engine: nemo_rl`: what RL and distillation hand NeMo RL, and what they get back.
 
 Our side keeps what NeMo RL has no hook for and hands it over as data: the difficulty profile and
-filter and the curriculum become the rows themselves (model/scaleout/nemo_rl.ordered_rows: each
+filter and the curriculum become the rows themselves (engines/nemo_rl/translate.py's ordered_rows: each
 rollout step's prompts in step order, then spare refill batches so that dynamic sampling never
 ends the run short of its last step). Each row carries the NeMo Gym agent that verifies it (its
 own `agent_ref`, else `nemo_gym.agents` of its verifier). Into the step directory go
@@ -10,7 +10,7 @@ own `agent_ref`, else `nemo_gym.agents` of its verifier). Into the step director
     nemo-rl/grpo.yaml | mopd.yaml   the config over NeMo RL's Nemotron 3 Nano Gym base, logging
                                     into the stage's own MLflow run (logger.mlflow.run_id)
 
-then two launches through flows/launched.run_engine, each one Prefect task:
+then two launches through engines/launch/stage.py's run_engine, each one Prefect task:
 
     nemo-rl-train    python examples/nemo_gym/run_grpo_nemo_gym.py --config nemo-rl/<config>.yaml
                      (one driver, style "single": its Ray places the policy, vLLM and teachers)
@@ -82,7 +82,7 @@ def _launches(config: dict[str, Any], name: str, launch: LaunchConfig, out_dir: 
 def rl_plan(stage, *, start: str, rows: dict[str, Any], agents: dict[str, str],
             by_domain: dict[str, list[tuple[str, float]]], ratios: dict[str, float], max_prompt_tokens: int,
             out_dir: Path, seed: int, mlflow: MlflowTarget) -> EnginePlan:
-    """The RL block (`stage`, flows/rl_schema.RLStage) on NeMo RL: the rows (`rows`: prompt id ->
+    """The RL block (`stage`, recipe/blocks/rl.py's RLStage) on NeMo RL: the rows (`rows`: prompt id ->
     RLRow, `agents`: prompt id -> agent) the filter kept (`by_domain`, with pass rates) in the
     order our sampler would draw them, the GRPO config, the launches."""
     rollout_steps = nemo_rl.rollout_steps(stage)
@@ -100,7 +100,7 @@ def rl_plan(stage, *, start: str, rows: dict[str, Any], agents: dict[str, str],
 def distill_plan(stage, *, student: str, teachers: dict[str, str], rows: dict[str, Any], agents: dict[str, str],
                  by_domain: dict[str, list[tuple[str, float]]], ratios: dict[str, float], max_prompt_tokens: int,
                  out_dir: Path, seed: int, mlflow: MlflowTarget) -> EnginePlan:
-    """One distillation round (`stage`, flows/distill_schema.DistillStage) on NeMo RL's MOPD: the
+    """One distillation round (`stage`, recipe/blocks/distill.py's DistillStage) on NeMo RL's MOPD: the
     prompts in our sampler's order (no curriculum), the teachers' HF directories routed by the
     agent of their domains' rows, the launches."""
     from stagewise.engines.nemo_rl.checks import domain_agents

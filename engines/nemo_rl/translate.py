@@ -27,7 +27,7 @@ distillation_math.yaml): that one matches the teacher's top-k logits with a forw
 KL loss and one teacher; ours is the sampled-token advantage log π_T - log π_S with RL's loss and
 one teacher per domain, which is exactly NeMo RL's MOPD (docs/about/algorithms/mopd.md).
 
-The functions take the stage block duck-typed (flows/rl_schema.RLStage, flows/distill_schema
+The functions take the stage block duck-typed (recipe/blocks/rl.py's RLStage, recipe/blocks/distill.py
 .DistillStage or anything with the same attributes, typed with the model/data/eval configs), so
 model/ never imports flows/. The translation is best effort and total: for a feature in
 `unsupported(...)` it writes the nearest NeMo RL setting, and the caller must keep such a stage
@@ -101,7 +101,7 @@ class RLBlock(Protocol):
 
 
 class DistillBlock(Protocol):
-    """What the translation reads of the distill block (flows/distill_schema.DistillStage has it);
+    """What the translation reads of the distill block (recipe/blocks/distill.py's DistillStage has it);
     `teachers` are objects with `name` and `domains`."""
 
     steps: int

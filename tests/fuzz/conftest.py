@@ -2,7 +2,7 @@
 
 The contract under test (docs/DESIGN.md, "bad input"): whatever a user hands the CLI, it
 exits 0, or 2 with an `error: ...` message; never 1, never a traceback. Calling
-`flows.cli.main(argv)` in-process (not a subprocess per case) is what lets 1,000+ generated
+`stagewise.cli.main(argv)` in-process (not a subprocess per case) is what lets 1,000+ generated
 cases run in CI in well under two minutes. Every test asserts how many cases it ran, and the
 session prints the total (`fuzz: N generated cases`).
 

@@ -1,4 +1,4 @@
-"""Which failures are retried (tasks.retry.is_transient) and the backoff that retries them.
+"""Which failures are retried (store.retry.is_transient) and the backoff that retries them.
 
 The MLflow errors are the real ones: a client pointed at a closed port, and a local store
 asked for a run that does not exist.

@@ -1,5 +1,5 @@
 """Launch plans (local torchrun / docker, an sbatch script, a Kubernetes Job), the engine-availability
-check, the GPU-free import of model.scaleout, and benchmarks/gpu_check.sh's CPU-side behaviour."""
+check, the GPU-free import of engines/, and benchmarks/gpu_check.sh's CPU-side behaviour."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ the export adopted as the stage's checkpoint and scored by the stage's held-out 
 driver's lines in the Prefect task log and its log in MLflow, and a failing driver failing the stage.
 
 Distillation on NeMo RL reserves whole nodes for its teachers, so it needs two nodes at least
-(Slurm or Kubernetes): its launches are checked as plans (test_launched_nemo_rl_plans.py)."""
+(Slurm or Kubernetes): its launches are checked as plans (test_nemo_rl_stage_plans.py)."""
 
 from __future__ import annotations
 
