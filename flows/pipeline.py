@@ -4,9 +4,12 @@
       ├─ pretrain        (flows/pretrain.py: prepare data -> phases -> validation)
       ├─ merge           (flows/merge.py: windows merged at every checkpoint -> best kept)
       ├─ long_context    (flows/long_context.py: doc-QA + retrieval + phase-2, long/short mix)
-      └─ sft             (flows/sft.py: curate -> blend + pack -> sub-stages -> base vs fine-tuned)
+      ├─ sft             (flows/sft.py: curate -> blend + pack -> sub-stages -> base vs fine-tuned)
+      ├─ rl              (flows/rl.py: rows -> difficulty profile -> GRPO -> held-out pass@1)
+      ├─ distill         (flows/distill.py: teachers per domain -> on-policy distillation -> pass@1)
+      └─ quantize        (flows/quantize.py: sensitivities -> per-operator formats -> export, rescored)
 
-The stages come from flows/registry.py; each is called the same way, `flow(ctx, block,
+The stages come from flows/registry.py (tests/flows/test_registry.py checks this list against it); each is called the same way, `flow(ctx, block,
 upstream)` (flows/stage.py), and hands the next a StageResult. One MLflow parent run per
 pipeline run (tagged with the Prefect flow-run id), one nested run per stage, and the
 closing table (flows/closing_table.py) as the parent run's report. `run_pipeline` is what

@@ -32,3 +32,13 @@ def test_select_gives_a_stage_only_its_block_and_what_it_reads():
         assert "stages" not in type(block).model_fields  # never the whole recipe
     assert registered("merge").needs == ("pretrain",) and registered("sft").start == "handed_on"
     assert Upstream().last() is None
+
+
+def test_the_pipelines_table_of_contents_lists_every_registered_stage_in_order():
+    """flows/pipeline.py's docstring is the chain a newcomer reads first: it must not fall behind."""
+    import re
+
+    from stagewise.flows import pipeline
+
+    listed = re.findall(r"[├└]─ (\w+)", pipeline.__doc__)
+    assert listed == [s.name for s in REGISTRY]
