@@ -6,7 +6,7 @@
 
 Exit codes: 0 success, 2 bad input (a recipe error, a bad source line, a broken checkpoint or
 rule file, a bad option: one clear message naming the field, file and line, no traceback; the
-one type for it is data.errors.BadInput, which flows.recipe.RecipeError is), 1 a failure while running (the error; the traceback only with
+one type for it is data.errors.BadInput, which recipe.errors.RecipeError is), 1 a failure while running (the error; the traceback only with
 `--debug` or STAGEWISE_DEBUG=1). torch, transformers, prefect and mlflow are imported
 inside the commands that need them, so `stagewise --help` stays fast.
 
@@ -63,7 +63,7 @@ def _main(debug: bool = DebugOpt) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point (`stagewise = flows.cli:main`); `argv` for calling it in-process.
+    """Console-script entry point (`stagewise = stagewise.cli:main`); `argv` for calling it in-process.
 
     The CLI edge for bad input: each command's wrapper (cli/output.py `guarded`) reports
     BadInput as exit 2, and whatever BadInput escapes outside a command (a callback, option

@@ -1,6 +1,6 @@
 """`stagewise data prepare|curate|pack|profile`: turn raw text and conversations into training data.
 
-The data group has its own Typer app (`data_app`, mounted as `data` by flows.cli) because its
+The data group has its own Typer app (`data_app`, mounted as `data` by stagewise.cli) because its
 four commands share a purpose distinct from training: build a recipe's tokenizer and token
 shards, curate SFT conversations (filters, dedup, rejects with reasons), render and pack
 curated conversations to measure packing efficiency, and profile a source or a whole recipe

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import typer
 
-from stagewise.data.errors import BadInput  # the one bad-input type (flows.recipe.RecipeError is the same class)
+from stagewise.data.errors import BadInput  # the one bad-input type (recipe.errors.RecipeError is the same class)
 
 DEBUG = {"on": False}  # set by the top-level --debug option
 _JSON_OUT: dict[str, Any] = {"file": None}  # the real stdout while --json sends other prints to stderr

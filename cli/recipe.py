@@ -1,6 +1,6 @@
 """`stagewise recipe show|schema`: look at a recipe the way the pipeline will see it.
 
-The recipe group has its own Typer app (`recipe_app`, mounted as `recipe` by flows.cli):
+The recipe group has its own Typer app (`recipe_app`, mounted as `recipe` by stagewise.cli):
 `show` prints the resolved recipe (base: merged, --set applied, defaults filled) with its hash,
 `schema` prints the JSON schema for editors. Neither trains anything; they exist so a user
 can check a recipe before running it.
@@ -28,9 +28,14 @@ def recipe_show(
 ) -> None:
     """Print the resolved recipe (base: merged, --set applied, defaults filled) and its hash.
 
+    RECIPE is a YAML file or the name of a shipped recipe: start from `tiny` (the CPU demo) or
+    `nemotron-3-nano-4b`, copy it next to your data and edit it (`--raw` shows it as written).
+
     \b
     Example:
-      stagewise recipe show recipes/nemotron-3-nano-4b.yaml --set seed=7
+      stagewise recipe show tiny
+      stagewise recipe show nemotron-3-nano-4b --set seed=7
+      stagewise recipe show tiny --raw > my-recipe.yaml
     """
     import yaml
 

@@ -4,7 +4,8 @@ These are the commands that start training; both go through `_run`, which checks
 stages and runs the recipe doctor (recipe/doctor/__init__.py, `stagewise check`) before Prefect is
 imported: a typo exits 2 at once, and so does a recipe the doctor finds errors in (unless
 `run --force`); its warnings are printed and the run goes on. `demo` is `run` on the shipped
-recipes/tiny.yaml plus a pointer to the MLflow UI, which is why `shipped_recipe` lives here.
+recipe `tiny` plus a pointer to the MLflow UI. `run` takes a recipe file or a shipped recipe's
+name (recipe/shipped.py), so both work from an installed wheel, where there is no checkout.
 """
 
 from __future__ import annotations
@@ -16,13 +17,19 @@ import typer
 
 from stagewise.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt, load
 from stagewise.cli.output import BadInput, emit, guarded
+from stagewise.recipe import shipped
+
 
 def shipped_recipe(name: str) -> Path:
-    """A recipe shipped with stagewise: next to the package (source checkout) or in ./recipes."""
-    for root in (Path(__file__).resolve().parents[2], Path.cwd()):  # cli/run.py -> the checkout
-        if (root / "recipes" / name).is_file():
-            return root / "recipes" / name
-    raise BadInput(f"cannot find the shipped recipe recipes/{name} (looked next to the package and in {Path.cwd()})")
+    """The shipped recipe `name` as a file, for a command's default recipe (demo; serve and quantize
+    without --recipe): exit 2 when the install lacks it. `name` is its stem ("tiny"); the file name
+    ("tiny.yaml") is accepted too, as older callers ask for it. Never a file of the current
+    directory: a default must not depend on where the command runs.
+    """
+    found = shipped.shipped_recipe(name.removesuffix(shipped.RECIPE_SUFFIX))
+    if found is None:
+        raise BadInput(f"this install ships no recipe named {name!r} (shipped: {', '.join(shipped.shipped_names()) or 'none'})")
+    return found
 
 
 def _closing(result: dict) -> None:
@@ -83,9 +90,12 @@ def run(
     MLflow run id (`--json`: the same rows under "stages", each with its full result). A rerun
     of an unchanged recipe trains nothing: finished steps are reused (Cached in Prefect).
 
+    RECIPE is a YAML file or the name of a shipped recipe (`tiny`, `nemotron-3-nano-4b`;
+    `stagewise recipe show tiny` prints one): a file of that name wins.
+
     \b
     Example:
-      stagewise run recipes/tiny.yaml --stages pretrain --set stages.pretrain.tokens=491520
+      stagewise run tiny --stages pretrain --set stages.pretrain.tokens=491520
       stagewise run recipes/tiny.yaml --set runtime.device=cpu --json
     """
     loaded = load(recipe, overrides)
@@ -102,13 +112,14 @@ def demo(
 ) -> None:
     """Train the tiny CPU demo end to end: world data, tokenizer, phased pretraining, MLflow.
 
-    Runs the shipped recipes/tiny.yaml (minutes on a laptop) and says where the results are.
+    Runs the shipped recipe tiny (minutes on a laptop; the same as `stagewise run tiny`) and says
+    where the results are (by default runs/tiny under the current directory).
 
     \b
     Example:
       stagewise demo --set stages.pretrain.tokens=491520
     """
-    loaded = load(shipped_recipe("tiny.yaml"), overrides)
+    loaded = load(shipped_recipe("tiny"), overrides)
     result = _run(loaded, None, resume)
     workdir = result.get("workdir", str(Path(loaded.recipe.workdir).resolve()))
     uri = result.get("tracking_uri") or f"sqlite:///{Path(workdir) / 'mlflow.db'}"

@@ -37,7 +37,7 @@ def api_url() -> str:
 
 @guarded
 def serve_cmd(
-    recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="The deployments' default recipe (default: the shipped recipes/tiny.yaml)."),
+    recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="The deployments' default recipe: a YAML file or a shipped recipe's name (default: the shipped tiny)."),
     schedule: bool = typer.Option(True, "--schedule/--no-schedule", help="Also serve the weekly scheduled pipeline run."),
     cron: str = typer.Option("0 3 * * 0", "--cron", help="The weekly deployment's cron schedule (UTC)."),
     pool: Optional[str] = typer.Option(None, "--pool", help="Register the deployments on this Prefect work pool (a process pool is made when missing) and exit; workers started with `prefect worker start --pool NAME` run the flow runs (docs/DEPLOY.md: Kubernetes and Slurm pools)."),
@@ -53,16 +53,17 @@ def serve_cmd(
     \b
     Example (three terminals, then open http://127.0.0.1:4200):
       prefect server start
-      PREFECT_API_URL=http://127.0.0.1:4200/api stagewise serve --recipe recipes/tiny.yaml
+      PREFECT_API_URL=http://127.0.0.1:4200/api stagewise serve --recipe tiny
       mlflow ui --backend-store-uri sqlite:///runs/tiny/mlflow.db
       stagewise serve --pool stagewise && prefect worker start --pool stagewise   # through a work pool
     """
     from stagewise.cli.run import shipped_recipe
     from stagewise.recipe import load_recipe
+    from stagewise.recipe.shipped import resolve_recipe
 
     from stagewise.deployments.catalog import build_deployments, check_cron
 
-    path = recipe or shipped_recipe("tiny.yaml")
+    path = resolve_recipe(recipe) if recipe is not None else shipped_recipe("tiny")
     load_recipe(path)  # a broken default recipe exits 2 here, not in every flow run
     if schedule:
         check_cron(cron)

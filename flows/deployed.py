@@ -22,6 +22,7 @@ from typing import Literal, Optional
 from prefect import flow
 
 from stagewise.recipe import LoadedRecipe, available_stages, load_recipe, select_stages
+from stagewise.recipe.shipped import resolve_recipe
 
 StageName = Literal[tuple(available_stages())]  # type: ignore[valid-type]  # the UI's multi-select
 """The stages this version can run, as the form's choices."""
@@ -33,7 +34,7 @@ def check_request(recipe: str, stages: Optional[list[str]], overrides: Optional[
     What `stagewise run` checks before Prefect starts: the recipe with its overrides, then
     the stage names against the recipe.
     """
-    loaded = load_recipe(recipe, list(overrides or []))
+    loaded = load_recipe(resolve_recipe(recipe), list(overrides or []))
     return loaded, (select_stages(loaded.recipe, list(stages)) if stages else None)
 
 
