@@ -38,10 +38,10 @@ from dataclasses import dataclass, field as dc_field
 from pathlib import Path
 from typing import Any, Literal
 
-from stagewise.model.config import LoRAConfig, ModelConfig, TrainConfig
+from stagewise.model.config import LoRAConfig, ModelConfig, OptimizerConfig, TrainConfig
 from stagewise.model.presets import preset_about, preset_kwargs, preset_names
 from stagewise.model.schedules import decay_tokens
-from stagewise.recipe.blocks.engine import LaunchConfig
+from stagewise.recipe.blocks.engine import LaunchConfig, Parallelism
 from stagewise.engines.hydra_overrides import override_args
 
 UPSTREAM_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
@@ -364,12 +364,59 @@ def plan_megatron(train: TrainConfig, launch: LaunchConfig, model: ModelConfig, 
         sft needs `dataset` (a run_recipe.py preset such as local-jsonl) and its `dataset.*` keys.
     bridge_root: the Megatron-Bridge checkout, when the launch's working directory is not it.
     field: the recipe key path of the block, for errors (e.g. `stages.sft.stages[0]`).
+
+    The parts below run in this order on purpose: the overrides keep it (later ones win in
+    run_recipe.py, and the argv is compared as text), and so does which refusal a recipe with
+    several problems hears first.
     """
+    mode = _run_mode(stage_mode, lora, field)
+    _refuse_untranslatable_training(train, stage_mode, normalization, field)
+    preset, kwargs = model_shape(model)
+    base = _base_preset(preset, kwargs)
+    recipe = pick_recipe(base, mode, train.seq_length)
+    _check_layout(train, launch, kwargs, stage_mode, field)
+    steps = _step_counts(train, field)
+
+    o = _parallelism_overrides(launch.parallel)
+    if base != preset:
+        o |= _provider_overrides(kwargs, vocab_size, "model")
+    o |= _batch_overrides(train, steps)
+    o |= _optimizer_overrides(train.optimizer)
+    o |= _scheduler_overrides(train, steps, field)
+    save = os.path.abspath(os.fspath(save_dir))
+    pre = None if pretrained_checkpoint is None else os.path.abspath(os.fspath(pretrained_checkpoint))
+    o |= _checkpoint_overrides(train, steps, save, pre, stage_mode, field)
+    o |= _seed_overrides(seed, data_seed, stage_mode)
+    if stage_mode == "sft":
+        o |= _sft_packing_overrides(train, recipe, launch)
+    if lora is not None:
+        o |= _lora_overrides(lora, kwargs, f"{field}.lora")
+    o |= _tokenizer_overrides(tokenizer)
+    o |= _logger_overrides(train, mlflow)
+    o |= _VALIDATION_OFF
+    dataset = _dataset_preset(stage_mode, dataset, blend, field)
+    if blend is not None:
+        o |= _blend_overrides(blend)
+    o |= _checked_dataset_overrides(dataset_overrides or {}, o, field)
+
+    return MegatronPlan(recipe=recipe.name, mode=mode, preset=preset, base_preset=base, overrides=o,
+                        train_iters=steps.train_iters, save_dir=save, pretrained_checkpoint=pre, dataset=dataset,
+                        env=_mlflow_env(mlflow), script=_script(TRAIN_SCRIPT, launch, bridge_root, field))
+
+
+def _run_mode(stage_mode: str, lora: LoRAConfig | None, field: str) -> Mode:
+    """run_recipe.py's `--mode`: our two stage kinds, an SFT block with adapters being upstream's
+    separate `lora` mode (it picks the PEFT recipe)."""
     if stage_mode not in ("pretrain", "sft"):
         raise ValueError(f"stage_mode must be 'pretrain' or 'sft', not {stage_mode!r}")
     if lora is not None and stage_mode != "sft":
         raise MegatronUnsupported(f"{field}.lora", "LoRA is an SFT setting")
-    mode: Mode = "lora" if lora is not None else stage_mode
+    return "lora" if lora is not None else stage_mode
+
+
+def _refuse_untranslatable_training(train: TrainConfig, stage_mode: str, normalization: str, field: str) -> None:
+    """Refuse the training settings no upstream recipe can run as ours would, before anything is
+    derived from them: fp32 (the recipes are bf16 mixed precision) and a per-conversation SFT loss."""
     if train.precision == "fp32":
         raise MegatronUnsupported(f"{field}.precision", "the Megatron-Bridge recipes train in bf16 mixed precision; "
                                   "use bf16 or auto")
@@ -377,16 +424,22 @@ def plan_megatron(train: TrainConfig, launch: LaunchConfig, model: ModelConfig, 
         raise MegatronUnsupported(f"{field}.normalization", "Megatron-Bridge normalises the SFT loss per token "
                                   "(calculate_per_token_loss) or per micro-batch, never per conversation; use token")
 
-    preset, kwargs = model_shape(model)
-    moe = _is_moe(kwargs)
-    base = preset if preset in RECIPES else GENERIC_BASE["moe" if moe else "dense"]
-    recipe = pick_recipe(base, mode, train.seq_length)
 
-    # parallel layout
+def _base_preset(preset: str | None, kwargs: Mapping[str, Any]) -> str:
+    """Whose upstream recipes the run starts from: the network's own preset when upstream ships
+    recipes for it, else GENERIC_BASE's for its kind (dense or MoE), its provider then replaced."""
+    return preset if preset in RECIPES else GENERIC_BASE["moe" if _is_moe(kwargs) else "dense"]
+
+
+def _check_layout(train: TrainConfig, launch: LaunchConfig, kwargs: Mapping[str, Any], stage_mode: str,
+                  field: str) -> None:
+    """Refuse a parallel layout or batch split Megatron cannot run, naming the field to change,
+    rather than let the ranks fail at start-up: experts to shard, GPUs that divide ep x etp x pp,
+    SFT's one pack per micro-batch, and a global batch that the data-parallel ranks split evenly."""
     par = launch.parallel
     dp = launch.data_parallel
     lf = f"{field}.launch.parallel"
-    if par.ep > 1 and not moe:
+    if par.ep > 1 and not _is_moe(kwargs):
         raise MegatronUnsupported(f"{lf}.ep", "the model has no experts; expert parallelism needs a MoE preset")
     if launch.gpus % (par.ep * (par.etp or 1) * par.pp):
         raise MegatronUnsupported(f"{lf}.ep", f"{launch.gpus} GPUs are not a multiple of ep * etp * pp = "
@@ -398,14 +451,35 @@ def plan_megatron(train: TrainConfig, launch: LaunchConfig, model: ModelConfig, 
         raise MegatronUnsupported(f"{field}.global_batch", f"global_batch ({train.global_batch}) must be a multiple "
                                   f"of micro_batch x data-parallel size ({train.micro_batch} x {dp})")
 
-    # steps
+
+@dataclass(frozen=True)
+class _StepCounts:
+    """The stage's token amounts in Megatron's unit, optimizer steps (rounded as `_steps` says)."""
+
+    per_step: int
+    """Tokens per step (seq_length x global_batch)."""
+    train_iters: int
+    """The budget: train.train_iters, also the decay length and the default save interval."""
+    warmup_iters: int
+    """scheduler.lr_warmup_iters."""
+    save_interval: int
+    """checkpoint.save_interval."""
+
+
+def _step_counts(train: TrainConfig, field: str) -> _StepCounts:
+    """Our token counts (budget, warmup, checkpoint interval) as steps, once, for every part that
+    needs them; without checkpoint_every_tokens the run saves only at its end."""
     per_step = train.tokens_per_step
     iters = _steps(train.tokens, per_step, f"{field}.tokens", budget=True)
-    sched = train.schedule
-    warmup = _steps(sched.warmup_tokens, per_step, f"{field}.schedule.warmup_tokens")
+    warmup = _steps(train.schedule.warmup_tokens, per_step, f"{field}.schedule.warmup_tokens")
     every = train.checkpoint_every_tokens
     save_interval = iters if every is None else _steps(every, per_step, f"{field}.checkpoint_every_tokens")
+    return _StepCounts(per_step=per_step, train_iters=iters, warmup_iters=warmup, save_interval=save_interval)
 
+
+def _parallelism_overrides(par: Parallelism) -> dict[str, Any]:
+    """`model.*` parallel sizes: every one set, since the recipes' own were tuned for their GPU
+    count; etp and cp_comm_type only when given (None keeps the recipe's)."""
     o: dict[str, Any] = {
         "model.tensor_model_parallel_size": par.tp,
         "model.pipeline_model_parallel_size": par.pp,
@@ -417,79 +491,137 @@ def plan_megatron(train: TrainConfig, launch: LaunchConfig, model: ModelConfig, 
     o["model.sequence_parallel"] = par.sequence_parallel
     if par.cp_comm_type is not None:
         o["model.cp_comm_type"] = par.cp_comm_type
-    if base != preset:
-        o.update(_provider_overrides(kwargs, vocab_size, "model"))
-    o["dataset.seq_length"] = train.seq_length  # run_recipe.py copies it into model.seq_length
-    o["train.train_iters"] = iters
-    o["train.global_batch_size"] = train.global_batch
-    o["train.micro_batch_size"] = train.micro_batch
+    return o
 
-    opt = train.optimizer
-    o["optimizer.lr"] = float(opt.lr)
-    o["optimizer.min_lr"] = float(opt.min_lr)
-    o["optimizer.adam_beta1"] = float(opt.betas[0])
-    o["optimizer.adam_beta2"] = float(opt.betas[1])
-    o["optimizer.adam_eps"] = float(opt.eps)
-    o["optimizer.weight_decay"] = float(opt.weight_decay)
-    o["optimizer.clip_grad"] = float(opt.grad_clip)  # 0 disables clipping in both
-    o["scheduler.lr_warmup_iters"] = warmup
-    o["scheduler.lr_warmup_init"] = 0.0
-    o.update(_schedule(train, iters, per_step, field))
-    # The scheduler, not the optimizer, sets the weight decay every step (start -> end): the
-    # recipes' own 0.033 would otherwise win over optimizer.weight_decay.
-    o["scheduler.start_weight_decay"] = float(opt.weight_decay)
-    o["scheduler.end_weight_decay"] = float(opt.weight_decay)
-    o["scheduler.weight_decay_incr_style"] = "constant"
 
-    save = os.path.abspath(os.fspath(save_dir))
-    o["checkpoint.save"] = save
-    o["checkpoint.load"] = save
-    o["checkpoint.save_interval"] = save_interval
+def _batch_overrides(train: TrainConfig, steps: _StepCounts) -> dict[str, Any]:
+    """Sequence length, run length and batch sizes: what fixes the tokens the run trains on."""
+    return {
+        "dataset.seq_length": train.seq_length,  # run_recipe.py copies it into model.seq_length
+        "train.train_iters": steps.train_iters,
+        "train.global_batch_size": train.global_batch,
+        "train.micro_batch_size": train.micro_batch,
+    }
+
+
+def _optimizer_overrides(opt: OptimizerConfig) -> dict[str, Any]:
+    """Our AdamW settings as Megatron's optimizer fields, as floats (the recipes' own values
+    would otherwise stay)."""
+    return {
+        "optimizer.lr": float(opt.lr),
+        "optimizer.min_lr": float(opt.min_lr),
+        "optimizer.adam_beta1": float(opt.betas[0]),
+        "optimizer.adam_beta2": float(opt.betas[1]),
+        "optimizer.adam_eps": float(opt.eps),
+        "optimizer.weight_decay": float(opt.weight_decay),
+        "optimizer.clip_grad": float(opt.grad_clip),  # 0 disables clipping in both
+    }
+
+
+def _scheduler_overrides(train: TrainConfig, steps: _StepCounts, field: str) -> dict[str, Any]:
+    """The learning-rate schedule (warmup from 0, then `_schedule`'s decay) and the weight decay.
+
+    The scheduler, not the optimizer, sets the weight decay every step (start -> end): the
+    recipes' own 0.033 would otherwise win over optimizer.weight_decay, so it is held constant."""
+    wd = float(train.optimizer.weight_decay)
+    return {
+        "scheduler.lr_warmup_iters": steps.warmup_iters,
+        "scheduler.lr_warmup_init": 0.0,
+        **_schedule(train, steps.train_iters, steps.per_step, field),
+        "scheduler.start_weight_decay": wd,
+        "scheduler.end_weight_decay": wd,
+        "scheduler.weight_decay_incr_style": "constant",
+    }
+
+
+def _checkpoint_overrides(train: TrainConfig, steps: _StepCounts, save: str, pre: str | None, stage_mode: str,
+                          field: str) -> dict[str, Any]:
+    """Where the run saves (and resumes from: load = save, so a retried launch continues), how
+    often, how many it keeps, and the imported checkpoint it starts from, which SFT cannot do
+    without."""
+    o: dict[str, Any] = {"checkpoint.save": save, "checkpoint.load": save,
+                         "checkpoint.save_interval": steps.save_interval}
     if train.keep_checkpoints is not None:
         o["checkpoint.most_recent_k"] = train.keep_checkpoints
-    pre = None if pretrained_checkpoint is None else os.path.abspath(os.fspath(pretrained_checkpoint))
     if pre is None and stage_mode == "sft":
         raise MegatronUnsupported(f"{field}", "an SFT run starts from the stage's input checkpoint: pass "
                                   "pretrained_checkpoint (the imported Megatron checkpoint)")
     if pre is not None:
         o["checkpoint.pretrained_checkpoint"] = pre
+    return o
 
-    o["rng.seed"] = seed
-    o["dataset.seed" if stage_mode == "sft" else "dataset.random_seed"] = seed if data_seed is None else data_seed
-    if stage_mode == "sft":
-        # Our SFT rows are packs of seq_length tokens; Megatron packs offline to packed_sequence_size.
-        o["dataset.enable_offline_packing"] = True
-        o["dataset.offline_packing_specs"] = {"packed_sequence_size": train.seq_length,
-                                              "pad_seq_to_mult": pad_multiple(recipe.pad_seq_to_mult, launch)}
-        o["model.calculate_per_token_loss"] = True
-        o["ddp.average_in_collective"] = False  # per-token loss sums over ranks; upstream pairs the two
-    if lora is not None:
-        o["peft.dim"] = lora.r
-        if float(lora.alpha) != int(lora.alpha):
-            raise MegatronUnsupported(f"{field}.lora.alpha", f"Megatron-Bridge's LoRA alpha is an integer "
-                                      f"(got {lora.alpha})")
-        o["peft.alpha"] = int(lora.alpha)
-        o["peft.dropout"] = float(lora.dropout)  # both on the adapter's input ("pre")
-        o["peft.target_modules"] = lora_targets(lora.target_modules, kwargs, f"{field}.lora")
 
-    if tokenizer is not None:
-        o["tokenizer.tokenizer_type"] = "HuggingFaceTokenizer"
-        o["tokenizer.tokenizer_model"] = os.path.abspath(tokenizer)
-        o["tokenizer.hf_tokenizer_kwargs"] = {"use_fast": True}  # drops a recipe's pinned Hub revision
-    o["logger.log_interval"] = train.monitor.log_every_steps
-    env: dict[str, str] = {}
+def _seed_overrides(seed: int, data_seed: int | None, stage_mode: str) -> dict[str, Any]:
+    """The model's and the data's seeds; the dataset configs name theirs differently (SFT's
+    `seed`, GPTDataset's `random_seed`)."""
+    data_key = "dataset.seed" if stage_mode == "sft" else "dataset.random_seed"
+    return {"rng.seed": seed, data_key: seed if data_seed is None else data_seed}
+
+
+def _sft_packing_overrides(train: TrainConfig, recipe: UpstreamRecipe, launch: LaunchConfig) -> dict[str, Any]:
+    """Our SFT rows are packs of seq_length tokens; Megatron packs offline to packed_sequence_size.
+    Our loss is per token, which upstream pairs with not averaging in the collective (it sums)."""
+    return {
+        "dataset.enable_offline_packing": True,
+        "dataset.offline_packing_specs": {"packed_sequence_size": train.seq_length,
+                                          "pad_seq_to_mult": pad_multiple(recipe.pad_seq_to_mult, launch)},
+        "model.calculate_per_token_loss": True,
+        "ddp.average_in_collective": False,
+    }
+
+
+def _lora_overrides(lora: LoRAConfig, kwargs: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """Our adapters as Megatron-Bridge's `peft.*` (LoRA) fields; its alpha is an integer, so a
+    fractional one is refused rather than rounded."""
+    o: dict[str, Any] = {"peft.dim": lora.r}
+    if float(lora.alpha) != int(lora.alpha):
+        raise MegatronUnsupported(f"{field}.alpha", f"Megatron-Bridge's LoRA alpha is an integer "
+                                  f"(got {lora.alpha})")
+    o["peft.alpha"] = int(lora.alpha)
+    o["peft.dropout"] = float(lora.dropout)  # both on the adapter's input ("pre")
+    o["peft.target_modules"] = lora_targets(lora.target_modules, kwargs, field)
+    return o
+
+
+def _tokenizer_overrides(tokenizer: str | None) -> dict[str, Any]:
+    """The stage's own HF tokenizer directory, when given, in place of the recipe's Hub tokenizer."""
+    if tokenizer is None:
+        return {}
+    return {"tokenizer.tokenizer_type": "HuggingFaceTokenizer",
+            "tokenizer.tokenizer_model": os.path.abspath(tokenizer),
+            "tokenizer.hf_tokenizer_kwargs": {"use_fast": True}}  # drops a recipe's pinned Hub revision
+
+
+def _logger_overrides(train: TrainConfig, mlflow: MLflowTarget | None) -> dict[str, Any]:
+    """How often the ranks log, and into which MLflow run (the stage's own; see MLflowTarget and
+    `_mlflow_env`, which makes them resume it)."""
+    o: dict[str, Any] = {"logger.log_interval": train.monitor.log_every_steps}
     if mlflow is not None:
         o["logger.mlflow_tracking_uri"] = mlflow.tracking_uri
         o["logger.mlflow_experiment"] = mlflow.experiment
         o["logger.mlflow_run_name"] = mlflow.run_name
         o["logger.mlflow_log_artifacts"] = False  # checkpoints reach MLflow as the exported HF model only
-        env = {"MLFLOW_TRACKING_URI": mlflow.tracking_uri, "MLFLOW_RUN_ID": mlflow.run_id}
-    # Our stages evaluate on the exported HF checkpoint; the recipes' validation split would need a
-    # validation set our data does not carry.
-    o["validation.eval_interval"] = 0
-    o["validation.eval_iters"] = 0
+    return o
 
-    # data
+
+def _mlflow_env(mlflow: MLflowTarget | None) -> dict[str, str]:
+    """The ranks' environment: MLFLOW_RUN_ID makes mlflow's start_run resume the stage's run
+    instead of creating one."""
+    if mlflow is None:
+        return {}
+    return {"MLFLOW_TRACKING_URI": mlflow.tracking_uri, "MLFLOW_RUN_ID": mlflow.run_id}
+
+
+_VALIDATION_OFF = {"validation.eval_interval": 0, "validation.eval_iters": 0}
+"""Our stages evaluate on the exported HF checkpoint; the recipes' validation split would need a
+validation set our data does not carry."""
+
+
+def _dataset_preset(stage_mode: str, dataset: str | None, blend: Sequence[tuple[str, float]] | None,
+                    field: str) -> str | None:
+    """run_recipe.py's `--dataset` for the stage, refusing data the recipe would silently replace:
+    pretraining reads `blend` through megatron-indexed (without it, mock data); SFT reads a named
+    preset (without one, the recipe's Hub dataset)."""
     if dataset is not None and dataset not in DATASET_PRESETS:
         raise MegatronUnsupported(f"{field}", f"unknown Megatron-Bridge dataset preset {dataset!r} "
                                   f"(known: {', '.join(DATASET_PRESETS)})")
@@ -500,24 +632,29 @@ def plan_megatron(train: TrainConfig, launch: LaunchConfig, model: ModelConfig, 
         if dataset not in (None, "megatron-indexed"):
             raise MegatronUnsupported(f"{field}", f"a pretraining blend is read by the megatron-indexed preset, "
                                       f"not {dataset!r}")
-        dataset = "megatron-indexed"
-        paths = [os.path.abspath(p) for p, _ in blend]
-        o["dataset.blend"] = [paths, [float(w) for _, w in blend]]
-    else:
-        if blend is not None:
-            raise MegatronUnsupported(f"{field}", "blend is for pretraining; SFT data comes from `dataset`")
-        if dataset is None:
-            raise MegatronUnsupported(f"{field}", "pass dataset (e.g. local-jsonl with dataset.dataset_root): the "
-                                      "recipe's own dataset is a Hub dataset, not the stage's conversations")
-    for key, value in (dataset_overrides or {}).items():
-        if not key.removeprefix("+").startswith("dataset.") or key in o:
+        return "megatron-indexed"
+    if blend is not None:
+        raise MegatronUnsupported(f"{field}", "blend is for pretraining; SFT data comes from `dataset`")
+    if dataset is None:
+        raise MegatronUnsupported(f"{field}", "pass dataset (e.g. local-jsonl with dataset.dataset_root): the "
+                                  "recipe's own dataset is a Hub dataset, not the stage's conversations")
+    return dataset
+
+
+def _blend_overrides(blend: Sequence[tuple[str, float]]) -> dict[str, Any]:
+    """A pretraining blend as GPTDataset's `dataset.blend`: [absolute path prefixes, float weights]."""
+    paths = [os.path.abspath(p) for p, _ in blend]
+    return {"dataset.blend": [paths, [float(w) for _, w in blend]]}
+
+
+def _checked_dataset_overrides(extra: Mapping[str, Any], planned: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """The caller's own dataset keys (a preset's dataset_root, the chat preprocessing), which may
+    only add `dataset.*` (or Hydra's `+dataset.*` appends): never change what the translation set."""
+    for key in extra:
+        if not key.removeprefix("+").startswith("dataset.") or key in planned:
             raise MegatronUnsupported(f"{field}", f"dataset_overrides may only add dataset.* keys (or Hydra's "
                                       f"+dataset.* appends) the translation does not set (got {key!r})")
-        o[key] = value
-
-    return MegatronPlan(recipe=recipe.name, mode=mode, preset=preset, base_preset=base, overrides=o,
-                        train_iters=iters, save_dir=save, pretrained_checkpoint=pre, dataset=dataset, env=env,
-                        script=_script(TRAIN_SCRIPT, launch, bridge_root, field))
+    return dict(extra)
 
 
 def _schedule(train: TrainConfig, iters: int, per_step: int, field: str) -> dict[str, Any]:
