@@ -21,6 +21,7 @@ from typing import Literal, Optional
 
 from prefect import flow
 
+from stagewise.flows.ablate_plan import ablatable
 from stagewise.recipe import LoadedRecipe, available_stages, load_recipe, select_stages
 from stagewise.recipe.shipped import resolve_recipe
 
@@ -89,8 +90,8 @@ def run_recipe_flow(
     return summary
 
 
-AblatableStage = Literal[("pretrain", "sft", "rl", "distill", "quantize")]  # flows.ablate_plan.ablatable()
-"""The stages an ablation can run alone, as the form's choices (tests hold it to ablatable())."""
+AblatableStage = Literal[tuple(ablatable())]  # type: ignore[valid-type]
+"""The stages an ablation can run alone (those that read no other stage's result), as the form's choices."""
 
 
 @flow(name="stagewise-ablation", validate_parameters=False, log_prints=False)
