@@ -57,7 +57,7 @@ app.command("ablate")(ablate.ablate_cmd)
 def _main(debug: bool = DebugOpt) -> None:
     """Train NemotronH hybrid models stage by stage from one YAML recipe (Prefect + MLflow).
 
-    Start with `stagewise demo`, then `stagewise recipe show recipes/tiny.yaml`.
+    Start with `stagewise demo`, then `stagewise recipe show tiny` (a shipped recipe by name, or any recipe file).
     """
     DEBUG["on"] = debug
 
