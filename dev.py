@@ -1,20 +1,32 @@
 #!/usr/bin/env python3
 """Set up and run stagewise on a fresh machine that has only Python 3.11.
 
-    python3 dev.py demo    # create .venv if missing, install, run the CPU demo pipeline
-    python3 dev.py test    # create .venv if missing, install, run the whole test suite
+    python3 dev.py demo           # create .venv if missing, install, run the CPU demo pipeline
+    python3 dev.py test           # create .venv if missing, install, run the test suite
+    python3 dev.py megatron-env   # build .venv-megatron: the released Megatron-Bridge on CPU torch
 
 The virtualenv is (re)installed only when pyproject.toml changed since the last install.
 torch is pinned to the CPU build (2.13.0) through the `dev` extra, so no CUDA wheels are
 pulled. Extra arguments go to the command: `python3 dev.py test -k recipe -x`.
+
+`test` leaves out the tests marked `megatron` (pyproject.toml's addopts); `python3 dev.py test -m
+megatron` runs them. They run code in a side virtualenv, `.venv-megatron`, with the Megatron-Bridge
+release the translation targets (MEGATRON_PINS below) on CPU torch: it cannot share .venv (it pins
+transformers <= 5.12.1). `megatron-env` builds it from MEGATRON_PINS, the one list of its pins, and
+rebuilds it from scratch only when they change (a stamp holds their hash); a build that fails leaves
+no stamp, so the next call starts over. STAGEWISE_MEGATRON_PYTHON points the tests at another
+interpreter with that release.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -41,10 +53,126 @@ def ensure_venv() -> None:
     STAMP.write_text(_install_key())
 
 
+MEGATRON_VENV = ROOT / ".venv-megatron"
+MEGATRON_BIN = MEGATRON_VENV / ("Scripts" if os.name == "nt" else "bin")
+MEGATRON_STAMP = MEGATRON_VENV / ".stagewise-megatron-pins"
+# The side environment's pins, in the order they are installed (how each group goes in: _MEGATRON_STEPS).
+# Megatron-Bridge 0.6.2 / megatron-core 0.19.2 declare Python >= 3.12 and pull CUDA-only packages
+# (Transformer Engine, flashinfer, flash-linear-attention, ...), so they go in without their
+# dependencies and what they need on CPU is listed here by hand: their pure-Python requirements.
+# Never add flash-linear-attention (megatron-core's import breaks under triton 3.9) or the index's
+# torchvision (breaks next to the CPU torch). mamba-ssm is built from its sdist without its CUDA
+# extension: megatron-core uses its Triton ops, plain Python here.
+MEGATRON_PINS: dict[str, list[str]] = {
+    # One pip resolve: torch (the CPU wheel on disk, found as for .venv), what mamba-ssm's build needs
+    # (it builds against that torch, no build isolation), the pure-Python requirements.
+    "resolved": [
+        "torch==2.13.0", "wheel==0.48.0", "setuptools==84.2.1", "ninja==1.13.2",
+        "transformers==5.12.1", "omegaconf==2.3.1", "hydra-core==1.3.8", "einops==0.8.2", "accelerate==1.16.0",
+        "rich==15.0.0", "tqdm==4.70.1", "pyyaml==6.0.4", "regex==2026.11.19", "six==1.17.0", "safetensors==0.8.0",
+        "numpy==2.4.6", "packaging==26.4", "typing-extensions==4.16.0", "triton==3.9.0", "nvidia-modelopt==0.47.0",
+        "requests==2.34.2", "datasets==5.2.0", "megatron-energon==7.4.1", "peft==0.21.2", "tensorboard==2.21.0",
+        "diffusers==0.42.1",
+    ],
+    "megatron": ["megatron-core==0.19.2", "megatron-bridge==0.6.2"],
+    "mamba-ssm": ["mamba-ssm==2.3.2.post1"],
+}
+# Python 3.11 has no typing.override (3.12), the one newer name both Megatron packages use: this .pth
+# line, in the side environment only, makes typing_extensions' stand in for it.
+_OVERRIDE_PTH = ("stagewise-typing-override.pth",
+                 "import typing, typing_extensions; typing.__dict__.setdefault('override', typing_extensions.override)\n")
+_MEGATRON_STEPS = {  # group -> (what the step line says, extra pip arguments, extra environment)
+    "resolved": ("CPU torch and the pure-Python requirements", [], {}),
+    "megatron": ("megatron-core and megatron-bridge (no deps, Python >= 3.12 declared)",
+                 ["--no-deps", "--ignore-requires-python"], {}),
+    "mamba-ssm": ("mamba-ssm without its CUDA extension", ["--no-deps", "--no-build-isolation"],
+                  {"MAMBA_FORCE_BUILD": "TRUE", "MAMBA_SKIP_CUDA_BUILD": "TRUE"}),
+}
+# What the finished environment must show: every pin at its version (argv[1]: the pins), typing.override,
+# and none of the packages that break it (the imports come next, in _MEGATRON_WARM).
+_MEGATRON_CHECK = """
+import importlib.metadata as md, importlib.util, json, sys, typing
+assert typing.override, "typing.override"
+for pin in json.loads(sys.argv[1]):
+    name, want = pin.split("==")
+    have = md.version(name).split("+")[0]
+    assert have == want, f"{name} {have} installed, {want} pinned"
+for name in ("fla", "torchvision", "transformer_engine"):
+    assert importlib.util.find_spec(name) is None, f"{name} must not be installed here"
+"""
+# The megatron tests' imports, once, with bytecode written (pip ran with --no-compile, and this machine may
+# set PYTHONDONTWRITEBYTECODE): each test's subprocess then starts from .pyc files. The CPU stand-ins come
+# from the tests' harness (tests/engines/megatron/side_env/harness.py), as in the tests.
+_MEGATRON_WARM = """
+import sys
+sys.dont_write_bytecode = False
+sys.path.insert(0, sys.argv[1])
+import torch
+assert torch.version.cuda is None, f"a CUDA build of torch was installed ({torch.__version__})"
+import harness
+harness.install()
+from megatron.bridge import AutoBridge
+import megatron.bridge.recipes, megatron.bridge.training.model_load_save
+"""
+
+
+def megatron_pins_key() -> str:
+    """The hash of everything the side environment is built from (its stamp)."""
+    doc = {"pins": MEGATRON_PINS, "pth": _OVERRIDE_PTH, "python": sys.version_info[:2]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _step(line: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+    """One build step: its line printed, its output kept quiet unless it fails."""
+    print(f"megatron-env: {line}", flush=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | (env or {})
+    done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode:
+        noise = "is ignored: it is neither a file nor a directory"  # pip on the machine's local indexes
+        tail = [ln for ln in done.stdout.splitlines() if noise not in ln][-40:]
+        raise SystemExit(f"megatron-env: failed ({done.returncode}): {' '.join(cmd)}\n" + "\n".join(tail))
+
+
+def ensure_megatron_env() -> Path:
+    """Build .venv-megatron from MEGATRON_PINS unless its stamp says it is built from them; its python."""
+    python = MEGATRON_BIN / "python"
+    if python.exists() and MEGATRON_STAMP.exists() and MEGATRON_STAMP.read_text() == megatron_pins_key():
+        print(f"megatron-env: {MEGATRON_VENV.name} is up to date", flush=True)
+        return python
+    if MEGATRON_VENV.exists():
+        print(f"megatron-env: removing {MEGATRON_VENV.name} (built from other pins, or not finished)", flush=True)
+        shutil.rmtree(MEGATRON_VENV)
+    t0 = time.monotonic()
+    print(f"megatron-env: creating {MEGATRON_VENV.name}", flush=True)
+    venv.EnvBuilder(with_pip=True).create(MEGATRON_VENV)
+    # --no-compile: byte-compiling all 2.9 GB took longer than installing it; what runs compiles on first import.
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-compile"]
+    for group, (line, extra, env) in _MEGATRON_STEPS.items():
+        pins = MEGATRON_PINS[group]
+        _step(f"{line}: {' '.join(pins)}" if len(pins) <= 2 else f"{line} ({len(pins)} pins)", pip + extra + pins, env)
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+    print("megatron-env: typing.override for Python 3.11 (a .pth in the side environment)", flush=True)
+    Path(purelib, _OVERRIDE_PTH[0]).write_text(_OVERRIDE_PTH[1])
+    _step("checking the environment", [str(python), "-c", _MEGATRON_CHECK,
+                                        json.dumps([p for group in MEGATRON_PINS.values() for p in group])])
+    _step("byte-compiling what the megatron tests import", [str(python), "-c", _MEGATRON_WARM,
+                                                            str(ROOT / "tests" / "engines" / "megatron" / "side_env")])
+    MEGATRON_STAMP.write_text(megatron_pins_key())
+    print(f"megatron-env: ready in {time.monotonic() - t0:.0f} s ({python.relative_to(ROOT)})", flush=True)
+    return python
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test"):
+    if not argv or argv[0] not in ("demo", "test", "megatron-env"):
         print(__doc__)
         return 2
+    if argv[0] == "megatron-env":
+        if len(argv) > 1:
+            print(f"megatron-env takes no arguments, got {argv[1:]}")
+            return 2
+        ensure_megatron_env()
+        return 0
     ensure_venv()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if argv[0] == "demo":

@@ -8,8 +8,14 @@ checks what can be checked from here without importing anything of the engines:
 - a venv: its directory and bin/python exist, its python finds the engine's module (asked in a
   subprocess with importlib.util.find_spec, so the engine is never imported into this process),
   and the launcher it needs is there (bin/torchrun for Megatron-Bridge; bin/ray for NeMo RL on
-  Slurm, where the Ray cluster is started by the script);
-- an image: only the scheduler's tool can be checked (the image is pulled where it runs): docker
+  Slurm, where the Ray cluster is started by the script). For Megatron-Bridge the same python
+  also reads the installed release (`importlib.metadata.version("megatron-bridge")`, else the
+  package's own package_info.py), which must be the one the translation is validated against
+  (engines/megatron/release.py): another release may build a different config from the same
+  overrides. An environment with no version record at all (a bare stand-in package) is let
+  through: nothing says it is another release;
+- an image: only the scheduler's tool can be checked (the image is pulled where it runs, so its
+  Megatron-Bridge release is not read here; docs/DEPLOY.md says which one to use): docker
   or podman for local, sbatch for Slurm (with pyxis for `--container-image`), kubectl for
   Kubernetes. Slurm and Kubernetes need their tool for a venv too (Kubernetes needs an image).
 
@@ -19,11 +25,14 @@ and the subprocess are parameters, so tests do not depend on what this machine h
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
 
+from stagewise.engines.megatron.release import MEGATRON_BRIDGE_RELEASE
 from stagewise.recipe.blocks.engine import LaunchConfig
 
 ENGINE_MODULES: dict[str, str] = {"megatron": "megatron.bridge", "nemo_rl": "nemo_rl"}
@@ -38,7 +47,8 @@ INSTALL_HINTS: dict[str, str] = {
         "`launch.env.image: nvcr.io/nvidia/nemo:<tag>` "
         "(tags: https://catalog.ngc.nvidia.com/orgs/nvidia/containers/nemo/tags; workdir /opt/Megatron-Bridge), "
         "or make a venv on a CUDA machine: `python -m venv VENV && VENV/bin/pip install torch && "
-        "VENV/bin/pip install --no-build-isolation 'megatron-bridge[te,ssm]'`"
+        f"VENV/bin/pip install --no-build-isolation 'megatron-bridge[te,ssm]=={MEGATRON_BRIDGE_RELEASE}'` "
+        "(the release stagewise's plans are validated against: docs/DEPLOY.md, \"Which Megatron-Bridge\")"
     ),
     "nemo_rl": (
         "NeMo RL needs a GPU environment of its own: use its container, "
@@ -56,6 +66,17 @@ SCHEDULER_TOOLS: dict[str, tuple[str, ...]] = {"local": ("docker", "podman"), "s
 
 FIND_SPEC = "import importlib.util,sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
 """Run by the venv's python: exit 1 when the module is not found (0 when it is)."""
+
+RELEASE_OF = ("import importlib.metadata as m,importlib.util,json,sys\n"
+              "try:\n    version = m.version(sys.argv[1])\n"
+              "except m.PackageNotFoundError:\n    version = None\n"
+              "spec = importlib.util.find_spec(sys.argv[2])\n"
+              "print(json.dumps({'version': version, 'dirs': list(spec.submodule_search_locations or [])}))\n")
+"""Run by the venv's python with (distribution, module): one JSON line, the distribution's installed
+version (None without metadata) and the module's package directories (for package_info.py)."""
+
+ENGINE_RELEASES: dict[str, tuple[str, str]] = {"megatron": ("megatron-bridge", MEGATRON_BRIDGE_RELEASE)}
+"""The distribution and release each engine's translation is pinned to (NeMo RL: not pinned)."""
 
 Which = Callable[[str], "str | None"]
 
@@ -140,6 +161,8 @@ def _check_venv(engine: str, launch: LaunchConfig, field: str, run, timeout: flo
         tail = (proc.stderr or "").strip().splitlines()[-3:]
         raise EngineMissing(field, f"{python} failed (exit {proc.returncode}) looking for {module}: "
                             f"{' | '.join(tail) or 'no output'}. {hint}")
+    if engine in ENGINE_RELEASES:
+        _check_release(engine, python, venv, field, run, timeout, hint)
     if engine == "megatron":
         tools = ["torchrun"]
     else:  # the Slurm script starts the Ray cluster of a multi-node job itself
@@ -148,3 +171,53 @@ def _check_venv(engine: str, launch: LaunchConfig, field: str, run, timeout: flo
         path = os.path.join(venv, "bin", tool)
         if not os.path.isfile(path):
             raise EngineMissing(field, f"the venv {venv} has {module} but no bin/{tool}, which the launch runs. {hint}")
+
+
+def _check_release(engine: str, python: str, venv: str, field: str, run, timeout: float, hint: str) -> None:
+    """The venv's release of the engine is the one its translation is pinned to (ENGINE_RELEASES)."""
+    dist, pinned = ENGINE_RELEASES[engine]
+    version = _installed_release(python, dist, ENGINE_MODULES[engine], venv, field, run, timeout, hint)
+    if version is not None and version != pinned:
+        raise EngineMissing(field, f"the venv {venv} has {dist} {version}, but stagewise's translation is "
+                            f"validated against {dist} {pinned} (engines/megatron/release.py): another release "
+                            f"may build a different config from the same overrides. Install {dist}=={pinned} "
+                            f"there, or point this key at an environment that has it (docs/DEPLOY.md, "
+                            f"\"Which Megatron-Bridge\").")
+
+
+def _installed_release(python: str, dist: str, module: str, venv: str, field: str, run, timeout: float,
+                       hint: str) -> str | None:
+    """The release of `dist` the venv's python reports (RELEASE_OF), else its package_info.py's;
+    None when the venv records neither."""
+    try:
+        proc = run([python, "-c", RELEASE_OF, dist, module], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise EngineMissing(field, f"{python} did not answer within {timeout:g} s which {dist} it has") from None
+    except OSError as err:
+        raise EngineMissing(field, f"{python} cannot run ({err}). {hint}") from None
+    try:
+        found = json.loads((proc.stdout or "").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        found = None
+    if proc.returncode != 0 or not isinstance(found, dict):
+        tail = (proc.stderr or "").strip().splitlines()[-3:]
+        raise EngineMissing(field, f"{python} could not say which {dist} release the venv {venv} has "
+                            f"(exit {proc.returncode}): {' | '.join(tail) or 'no output'}. {hint}")
+    return found.get("version") or _package_info_version(found.get("dirs") or [])
+
+
+_VERSION_PART = re.compile(r'^(MAJOR|MINOR|PATCH|PRE_RELEASE)\s*=\s*["\']?([^"\'\s#]*)', re.M)
+
+
+def _package_info_version(dirs: list[str]) -> str | None:
+    """The release a source checkout records in its package_info.py (MAJOR.MINOR.PATCH and the
+    pre-release tag), read as text: importing it would import the package. None without one."""
+    for d in dirs:
+        try:
+            text = open(os.path.join(d, "package_info.py"), encoding="utf-8").read()
+        except OSError:
+            continue
+        parts = dict(_VERSION_PART.findall(text))
+        if {"MAJOR", "MINOR", "PATCH"} <= set(parts):
+            return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}{parts.get('PRE_RELEASE', '')}"
+    return None

@@ -28,6 +28,11 @@ to the next, and every sub-stage's checkpoint is scored by the stage's evaluatio
 Every run's last save is exported through the HF bridge against a template directory (the input
 checkpoint, or for pretraining from a preset its config and the prepared tokenizer) and adopted as
 our checkpoint by engines/launch/stage.py's run_engine.
+
+What the import and the export read is never our checkpoint directory itself but a copy whose
+config.json the transformers Megatron-Bridge pins reads (engines/megatron/hf_config.py: our
+transformers writes layer kinds that release refuses): `<out_dir>/megatron-hf/` beside the run,
+its weights symlinks to the checkpoint's; the pretraining template is written in that form.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import dataclasses
 from pathlib import Path
 
 from stagewise.data.long_context import DOC_QA
+from stagewise.engines.megatron.hf_config import megatron_hf_dir, write_pinned_config
 from stagewise.engines.megatron.indexed_data import write_indexed_dir
 from stagewise.data.prepare import PreparedData
 from stagewise.data.shards import TokenShard
@@ -83,6 +89,7 @@ def hf_template(model: ModelConfig, vocab_size: int, tokenizer_dir: str, out: Pa
 
     out.mkdir(parents=True, exist_ok=True)
     build_hf_config(model, vocab_size).save_pretrained(out)
+    write_pinned_config(out)  # read by Megatron-Bridge's transformers only
     _copy_tokenizer(Path(tokenizer_dir), out)
     return out
 
@@ -119,11 +126,13 @@ def pretrain_plan(train: TrainConfig, phases, model: ModelConfig, launch: Launch
 
 
 def _from_checkpoint(plan: MegatronPlan, start: str, megatron_in: Path, out_dir: Path, suffix: str = "") -> EnginePlan:
-    """A run that starts from an HF checkpoint: import it, train, export against it as template."""
+    """A run that starts from an HF checkpoint: import it, train, export against it as template (both
+    through its copy for Megatron-Bridge's transformers, `<out_dir>/megatron-hf`)."""
     export = out_dir / "megatron-export"
-    steps = [EngineStep(f"megatron-import{suffix}", import_argv(start, megatron_in), one_node=True),
+    hf_in = megatron_hf_dir(start, out_dir / "megatron-hf")
+    steps = [EngineStep(f"megatron-import{suffix}", import_argv(hf_in, megatron_in), one_node=True),
              EngineStep(f"megatron-train{suffix}", plan.argv(), style="torchrun"),
-             EngineStep(f"megatron-export{suffix}", export_argv(plan, start, export), one_node=True)]
+             EngineStep(f"megatron-export{suffix}", export_argv(plan, hf_in, export), one_node=True)]
     per_step = plan.overrides["train.global_batch_size"] * plan.overrides["dataset.seq_length"]
     return EnginePlan(steps=steps, export_dir=export, step=plan.train_iters, tokens=plan.train_iters * per_step)
 

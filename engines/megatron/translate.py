@@ -25,6 +25,10 @@ docs/STACK.md, "Megatron-Bridge translation"). Upstream facts come from NVIDIA-N
 at UPSTREAM_COMMIT: recipes/nemotronh/h100/{nemotron_3_nano_4b,nemotron_3_nano,nemotronh,
 nemotron_nano_v2}.py, recipes/common.py, scripts/training/run_recipe.py and recipe_runner.py,
 training/config.py, scripts/conversion/{arguments,run_conversion}.py, examples/peft/merge_lora.py.
+The override text itself is written for the release a team installs, the megatron-bridge pinned
+in release.py (MEGATRON_BRIDGE_RELEASE): tests/engines/megatron/test_real_plans.py runs every plan
+the recipe check emits through that release's recipe functions, override processing and
+ConfigContainer.validate(), and the launch check refuses another release.
 No Prefect, no MLflow.
 """
 
@@ -45,7 +49,8 @@ from stagewise.recipe.blocks.engine import LaunchConfig, Parallelism
 from stagewise.engines.hydra_overrides import override_args
 
 UPSTREAM_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
-"""The Megatron-Bridge commit whose recipes, scripts and config field names this module follows."""
+"""The Megatron-Bridge commit whose recipes, scripts and config field names this module follows
+(the overrides are validated against the pinned release, release.py's MEGATRON_BRIDGE_RELEASE)."""
 
 TRAIN_SCRIPT = "scripts/training/run_recipe.py"
 CONVERT_SCRIPT = "scripts/conversion/run_conversion.py"
@@ -558,12 +563,26 @@ def _seed_overrides(seed: int, data_seed: int | None, stage_mode: str) -> dict[s
     return {"rng.seed": seed, data_key: seed if data_seed is None else data_seed}
 
 
+PACKING_SPECS = "megatron.bridge.data.packing.PackedSequenceSpecs"
+"""Megatron-Bridge's offline-packing settings class (`dataset.offline_packing_specs`)."""
+
+
 def _sft_packing_overrides(train: TrainConfig, recipe: UpstreamRecipe, launch: LaunchConfig) -> dict[str, Any]:
     """Our SFT rows are packs of seq_length tokens; Megatron packs offline to packed_sequence_size.
-    Our loss is per token, which upstream pairs with not averaging in the collective (it sums)."""
+    Our loss is per token, which upstream pairs with not averaging in the collective (it sums).
+
+    The specs are a `_target_` node, not a plain mapping: the `--dataset` presets (local-jsonl,
+    tulu3) leave `offline_packing_specs` None, and omegaconf_utils' apply step sets a mapping over
+    None as a plain dict, which ConfigContainer.validate() refuses (`'dict' object has no attribute
+    'pad_cu_seqlens'`). A node naming its class is instantiated there (omegaconf_utils
+    `_apply_overrides`), so the config holds a PackedSequenceSpecs straight out of the override
+    processing. run_recipe.py would also turn a dict into one before training (recipe_runner's
+    sync_offline_packing_alignment, which the verification card's dict text relies on), but that is
+    script code outside the installed library; on a typed node the same sync changes nothing, since
+    the size is the sequence length and the pad multiple already what it derives (`pad_multiple`)."""
     return {
         "dataset.enable_offline_packing": True,
-        "dataset.offline_packing_specs": {"packed_sequence_size": train.seq_length,
+        "dataset.offline_packing_specs": {"_target_": PACKING_SPECS, "packed_sequence_size": train.seq_length,
                                           "pad_seq_to_mult": pad_multiple(recipe.pad_seq_to_mult, launch)},
         "model.calculate_per_token_loss": True,
         "ddp.average_in_collective": False,
@@ -571,15 +590,22 @@ def _sft_packing_overrides(train: TrainConfig, recipe: UpstreamRecipe, launch: L
 
 
 def _lora_overrides(lora: LoRAConfig, kwargs: Mapping[str, Any], field: str) -> dict[str, Any]:
-    """Our adapters as Megatron-Bridge's `peft.*` (LoRA) fields; its alpha is an integer, so a
-    fractional one is refused rather than rounded."""
-    o: dict[str, Any] = {"peft.dim": lora.r}
+    """Our adapters as Megatron-Bridge's LoRA fields; its alpha is an integer, so a fractional one
+    is refused rather than rounded.
+
+    The keys are Hydra appends (`+peft.dim=8`): the PEFT recipe's LoRA object is callable (it
+    transforms the model), and omegaconf_utils leaves callables out of the OmegaConf tree it applies
+    overrides to, so a plain `peft.dim=8` finds no such key ("Could not override 'peft.dim'. To
+    append to your config use +peft.dim=8"). The appended `peft` mapping is then applied field by
+    field onto the recipe's own LoRA object, which omegaconf_utils puts back afterwards (a `_target_`
+    node would build a new LoRA, only to be replaced by the recipe's when the callables are restored)."""
+    o: dict[str, Any] = {"+peft.dim": lora.r}
     if float(lora.alpha) != int(lora.alpha):
         raise MegatronUnsupported(f"{field}.alpha", f"Megatron-Bridge's LoRA alpha is an integer "
                                   f"(got {lora.alpha})")
-    o["peft.alpha"] = int(lora.alpha)
-    o["peft.dropout"] = float(lora.dropout)  # both on the adapter's input ("pre")
-    o["peft.target_modules"] = lora_targets(lora.target_modules, kwargs, field)
+    o["+peft.alpha"] = int(lora.alpha)
+    o["+peft.dropout"] = float(lora.dropout)  # both on the adapter's input ("pre")
+    o["+peft.target_modules"] = lora_targets(lora.target_modules, kwargs, field)
     return o
 
 

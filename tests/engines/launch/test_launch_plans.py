@@ -345,6 +345,69 @@ def test_the_check_asks_the_venvs_python_and_reports_a_broken_one(tmp_path):
     assert seen[0][0] == f"{venv}/bin/python" and seen[0][1] == "-c" and seen[0][-1] == "megatron.bridge"
 
 
+def _installed(site: Path, version: str) -> Path:
+    """`site` as an install of megatron-bridge `version`: the package plus its distribution metadata,
+    what `pip install megatron-bridge==VERSION` leaves for importlib.metadata to read."""
+    _fake_modules(site)
+    info = site / f"megatron_bridge-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: megatron-bridge\nVersion: {version}\n")
+    return site
+
+
+def test_a_venv_with_another_megatron_bridge_release_is_refused_naming_both(tmp_path):
+    other = _fake_venv(tmp_path / "other", pythonpath=_installed(tmp_path / "site-061", "0.6.1"), tools=("torchrun",))
+    with pytest.raises(EngineMissing) as err:
+        check_engine("megatron", cfg(env={"venv": str(other)}), field=FIELD)
+    assert err.value.field == "stages.pretrain.launch.env.venv"
+    assert "megatron-bridge 0.6.1" in err.value.message and "megatron-bridge 0.6.2" in err.value.message
+    assert "megatron-bridge==0.6.2" in err.value.message  # how to get the pinned one
+    pinned = _fake_venv(tmp_path / "pinned", pythonpath=_installed(tmp_path / "site-062", "0.6.2"), tools=("torchrun",))
+    check_engine("megatron", cfg(env={"venv": str(pinned)}), field=FIELD)
+    check_engine("nemo_rl", cfg(env={"venv": str(other)}), field=FIELD)  # NeMo RL's release is not pinned
+
+
+def test_the_release_is_what_the_venvs_python_prints(tmp_path):
+    """The venv's python is asked (a script standing in for it prints a release), never this process."""
+    venv = tmp_path / "v"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text('#!/bin/sh\necho \'{"version": "0.7.0rc1", "dirs": []}\'\n')
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / "bin" / "torchrun").touch()
+    with pytest.raises(EngineMissing, match=r"has megatron-bridge 0\.7\.0rc1, but .* megatron-bridge 0\.6\.2"):
+        check_engine("megatron", cfg(env={"venv": str(venv)}), field=FIELD)
+    (venv / "bin" / "python").write_text("#!/bin/sh\necho 'Traceback' >&2; exit 0\n")
+    with pytest.raises(EngineMissing, match=r"could not say which megatron-bridge release .* Traceback"):
+        check_engine("megatron", cfg(env={"venv": str(venv)}), field=FIELD)
+
+
+def test_a_source_checkout_is_read_from_its_package_info(tmp_path):
+    """Without distribution metadata (a checkout on PYTHONPATH), the package's own package_info.py,
+    read as text; a bare package recording no release at all is let through."""
+    site = _fake_modules(tmp_path / "site")
+    (site / "megatron" / "bridge" / "package_info.py").write_text(
+        'MAJOR = 0\nMINOR = 5\nPATCH = 1\nPRE_RELEASE = ""\n# Use the following formatting\n')
+    venv = _fake_venv(tmp_path / "v", pythonpath=site, tools=("torchrun",))
+    with pytest.raises(EngineMissing, match=r"has megatron-bridge 0\.5\.1, but"):
+        check_engine("megatron", cfg(env={"venv": str(venv)}), field=FIELD)
+    (site / "megatron" / "bridge" / "package_info.py").write_text("MAJOR = 0\nMINOR = 6\nPATCH = 2\nPRE_RELEASE = ''\n")
+    check_engine("megatron", cfg(env={"venv": str(venv)}), field=FIELD)
+
+
+def test_a_release_mismatch_is_bad_input_at_the_stages_launch_env(tmp_path):
+    from stagewise.data.errors import BadInput
+    from stagewise.flows.pipeline import check_engines
+    from stagewise.recipe import load_recipe
+
+    venv = _fake_venv(tmp_path / "v", pythonpath=_installed(tmp_path / "site", "0.6.0"), tools=("torchrun",))
+    launch = f"stages.pretrain.launch={{env: {{venv: {venv}, workdir: /opt/Megatron-Bridge}}, gpus_per_node: 2}}"
+    loaded = load_recipe(ROOT / "recipes" / "tiny.yaml", ["stages.pretrain.engine=megatron", launch])
+    with pytest.raises(BadInput) as err:
+        check_engines(loaded, ["pretrain"])
+    text = str(err.value)
+    assert text.startswith("stages.pretrain.launch.env.venv: ") and "0.6.0" in text and "0.6.2" in text
+
+
 def test_an_image_needs_the_schedulers_tool_on_path():
     none = lambda tool: None  # noqa: E731
     with pytest.raises(EngineMissing) as err:

@@ -46,7 +46,8 @@ def test_long_context_imports_trains_its_one_length_on_the_blend_and_exports(tmp
     imp, train, export = plan.steps
     assert [s.name for s in plan.steps] == ["megatron-import", "megatron-train", "megatron-export"]
     assert (imp.one_node, train.style, export.one_node) == (True, "torchrun", True)
-    assert imp.entry == ["python", CONVERT, "import", "--device", "cpu", "--hf-model", str(start),
+    hf_in = out / "megatron-hf"  # the copy Megatron-Bridge's transformers reads (engines/megatron/hf_config.py)
+    assert imp.entry == ["python", CONVERT, "import", "--device", "cpu", "--hf-model", str(hf_in),
                          "--megatron-path", str(out / "megatron-import"), "--torch-dtype", "bfloat16", "--overwrite"]
     assert train.entry[:8] == ["python", "scripts/training/run_recipe.py", "--recipe",
                                "nemotron_3_nano_pretrain_8gpu_h100_bf16_config", "--mode", "pretrain",
@@ -58,7 +59,7 @@ def test_long_context_imports_trains_its_one_length_on_the_blend_and_exports(tmp
     assert o["dataset.blend"] == ('[["/w/data/p-megatron/web","/w/data/doc_qa-x-megatron/doc_qa",'
                                   '"/w/data/p-megatron/retrieval"],[0.79,0.2,0.01]]')
     assert o["tokenizer.tokenizer_model"] == f'"{start}"' and o["rng.seed"] == "3"
-    assert export.entry == ["python", CONVERT, "export", "--device", "cpu", "--hf-model", str(start),
+    assert export.entry == ["python", CONVERT, "export", "--device", "cpu", "--hf-model", str(hf_in),
                             "--megatron-path", str(out / "megatron" / "iter_0000002"), "--hf-path",
                             str(out / "megatron-export"), "--torch-dtype", "bfloat16", "--overwrite"]
     assert (plan.export_dir, plan.step, plan.tokens) == (out / "megatron-export", 2, 1024)
@@ -80,9 +81,12 @@ def test_an_sft_sub_stage_reads_its_chat_rows_through_the_chat_preprocessing(tmp
                           "dataset.do_validation=false", "dataset.do_test=false"]
     o = _overrides(train)
     assert o["tokenizer.tokenizer_model"] == '"/w/sft_data/start-1"'
-    assert o["dataset.offline_packing_specs"] == "{packed_sequence_size:512,pad_seq_to_mult:1}"
+    assert o["dataset.offline_packing_specs"] == ('{_target_:"megatron.bridge.data.packing.PackedSequenceSpecs",'
+                                                  'packed_sequence_size:512,pad_seq_to_mult:1}')
     assert o["model.calculate_per_token_loss"] == "true" and o["train.train_iters"] == "2"
     assert plan.steps[2].entry[plan.steps[2].entry.index("--megatron-path") + 1] == str(out / "megatron" / "iter_0000002")
+    for step in (plan.steps[0], plan.steps[2]):  # import and export read the copy, not the checkpoint itself
+        assert step.entry[step.entry.index("--hf-model") + 1] == str(out / "megatron-hf")
     assert (plan.step, plan.tokens) == (2, 2048)
 
 
@@ -95,3 +99,27 @@ def test_the_doc_qa_shard_becomes_an_indexed_dataset_beside_its_directory(tmp_pa
     assert (tmp_path / "doc_qa-abc-megatron" / "doc_qa.bin").read_bytes() == tokens.astype("<u2").tobytes()
     assert (tmp_path / "doc_qa-abc-megatron" / "doc_qa.idx").read_bytes() == index_bytes(np.array([0, 3, 7]), tokens.dtype)
     assert [d.tolist() for d in read_indexed(prefixes["doc_qa"])] == docs
+
+
+def test_megatron_bridge_is_handed_a_copy_in_the_layer_names_its_transformers_reads(tiny_checkpoint, tmp_path):
+    """Our transformers (5.24) writes layer kinds linear_attention/full_attention; the one Megatron-Bridge
+    pins (5.12) reads only mamba/attention. The copy renames them, links every other file, and still
+    reads as the same config under ours (the released library reading it: test_real_round_trip.py)."""
+    from transformers import AutoConfig
+
+    from stagewise.engines.megatron.hf_config import megatron_hf_dir
+
+    ours = json.loads((tiny_checkpoint / "config.json").read_text())
+    assert set(ours["layers_block_type"]) == {"linear_attention", "full_attention", "moe", "mlp"}
+    copy = megatron_hf_dir(tiny_checkpoint, tmp_path / "megatron-hf")
+    doc = json.loads((copy / "config.json").read_text())
+    assert doc["layers_block_type"] == ["mamba", "attention", "moe", "mamba", "mlp", "moe"]
+    assert doc["mtp_layers_block_type"] == ["attention", "moe"]
+    assert {k: v for k, v in doc.items() if "layers_block_type" not in k} == \
+        {k: v for k, v in ours.items() if "layers_block_type" not in k}
+    others = sorted(p.name for p in tiny_checkpoint.iterdir() if p.name != "config.json")
+    assert sorted(p.name for p in copy.iterdir() if p.name != "config.json") == others
+    assert all((copy / n).is_symlink() and (copy / n).resolve() == (tiny_checkpoint / n).resolve() for n in others)
+    same = {"_name_or_path": None, "transformers_version": None}
+    assert AutoConfig.from_pretrained(copy).to_dict() | same == AutoConfig.from_pretrained(tiny_checkpoint).to_dict() | same
+    assert megatron_hf_dir(tiny_checkpoint, copy) == copy  # made afresh, again

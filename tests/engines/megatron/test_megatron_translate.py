@@ -9,6 +9,13 @@ commit 067f987df03b8355b03192d88d70f1709fedf51a,
   recipes/utils/optimizer_utils.py for the 30B-A3B defaults (its card has no verified H100 run).
 Each case writes the published run as one of our recipe blocks (tokens = the steps' worth, our
 schedule) and checks the translation against the published table.
+
+Where the override *text* must differ from the card's for the pinned release (megatron-bridge
+0.6.2, engines/megatron/release.py) to accept it, the expected text is the release's: the packing
+specs as a `_target_` node of PackedSequenceSpecs (the `--dataset` presets leave the field None and a
+plain mapping stays a dict, which ConfigContainer.validate() refuses), and the LoRA fields as Hydra
+appends `+peft.*` (the PEFT recipe's LoRA object is kept out of the OmegaConf tree, and its error says
+"To append to your config use +peft.dim=8"). test_real_plans.py runs both through the release.
 """
 
 from __future__ import annotations
@@ -151,7 +158,8 @@ def _check(launch: LaunchConfig, plan, p: dict) -> None:
     else:
         size, pad = p["packing"]
         assert o["dataset.enable_offline_packing"] is True
-        assert o["dataset.offline_packing_specs"] == {"packed_sequence_size": size, "pad_seq_to_mult": pad}
+        assert o["dataset.offline_packing_specs"] == {"_target_": "megatron.bridge.data.packing.PackedSequenceSpecs",
+                                                      "packed_sequence_size": size, "pad_seq_to_mult": pad}
         assert o["dataset.seed"] == p["data_seed"]
     if "per_token_loss" in p:
         assert o["model.calculate_per_token_loss"] is p["per_token_loss"]
@@ -159,10 +167,10 @@ def _check(launch: LaunchConfig, plan, p: dict) -> None:
         assert o["ddp.average_in_collective"] is p["average_in_collective"]
     if "lora" in p:
         lo = p["lora"]
-        assert (o["peft.dim"], o["peft.alpha"], o["peft.dropout"]) == (lo["dim"], lo["alpha"], lo["dropout"])
-        assert o["peft.target_modules"] == lo["targets"]
+        assert (o["+peft.dim"], o["+peft.alpha"], o["+peft.dropout"]) == (lo["dim"], lo["alpha"], lo["dropout"])
+        assert o["+peft.target_modules"] == lo["targets"]
     else:
-        assert not any(k.startswith("peft.") for k in o)
+        assert not any(k.lstrip("+").startswith("peft.") for k in o)
 
 
 @pytest.mark.parametrize("item", list(NANO_4B))
@@ -189,7 +197,6 @@ def test_the_argv_is_run_recipe_with_the_cards_override_text():
                         "nemotron_3_nano_4b_sft_8gpu_h100_bf16_config", "--mode", "sft", "--dataset", "local-jsonl"]
     # verbatim from the card's sft command
     for text in ("dataset.enable_offline_packing=true",
-                 "dataset.offline_packing_specs={packed_sequence_size:2048,pad_seq_to_mult:1}",
                  "rng.seed=5678", "dataset.seed=1234", "scheduler.lr_decay_iters=100",
                  "validation.eval_iters=0", "validation.eval_interval=0"):
         assert text in argv
@@ -199,13 +206,27 @@ def test_the_argv_is_run_recipe_with_the_cards_override_text():
                  'checkpoint.pretrained_checkpoint="/runs/r/megatron/import/iter_0000000"',
                  'checkpoint.save="/runs/r/megatron/ckpt"'):
         assert text in argv
+    # the card's `dataset.offline_packing_specs={packed_sequence_size:2048,pad_seq_to_mult:1}` names the
+    # class, so the release's override processing builds it rather than leaving a dict
+    assert ('dataset.offline_packing_specs={_target_:"megatron.bridge.data.packing.PackedSequenceSpecs",'
+            'packed_sequence_size:2048,pad_seq_to_mult:1}') in argv
     assert 'dataset.dataset_root="/runs/r/data/sft-megatron"' == argv[-1]
     _, lc = _plan("nemotron-3-nano-4b", NANO_4B["sft_32k"])
     for text in ("model.sequence_parallel=true", "model.cp_comm_type=\"a2a\"", "model.calculate_per_token_loss=true",
                  "ddp.average_in_collective=false", "model.tensor_model_parallel_size=2",
                  "model.context_parallel_size=2",
-                 "dataset.offline_packing_specs={packed_sequence_size:32768,pad_seq_to_mult:4}"):
+                 'dataset.offline_packing_specs={_target_:"megatron.bridge.data.packing.PackedSequenceSpecs",'
+                 'packed_sequence_size:32768,pad_seq_to_mult:4}'):
         assert text in lc.argv()
+    # the card's LoRA shape, appended to the recipe's LoRA object (a plain `peft.dim=8` finds no key)
+    _, lora = _plan("nemotron-3-nano-4b", NANO_4B["lora"])
+    assert lora.argv()[:6] == ["python", "scripts/training/run_recipe.py", "--recipe",
+                               "nemotron_3_nano_4b_peft_8gpu_h100_bf16_config", "--mode", "lora"]
+    for text in ("+peft.dim=8", "+peft.alpha=16", "+peft.dropout=0.0", '+peft.target_modules=["linear_qkv","linear_proj"]',
+                 'dataset.offline_packing_specs={_target_:"megatron.bridge.data.packing.PackedSequenceSpecs",'
+                 'packed_sequence_size:2048,pad_seq_to_mult:4}'):
+        assert text in lora.argv()
+    assert not any(a.startswith("peft.") for a in lora.argv())
 
 
 def test_pretrain_blend_selects_the_indexed_dataset():
@@ -336,7 +357,7 @@ def test_moe_lora_targets_leave_the_routed_experts_out():
     plan = _tiny_plan(sub, stage_mode="sft", blend=None, dataset="local-jsonl", pretrained_checkpoint="/ck",
                       lora=LoRAConfig(r=4, alpha=8))
     assert plan.mode == "lora" and plan.recipe == "nemotron_3_nano_peft_8gpu_h100_bf16_config"
-    assert plan.overrides["peft.target_modules"] == [
+    assert plan.overrides["+peft.target_modules"] == [
         "linear_qkv", "linear_proj", "in_proj", "*.mlp.linear_fc1", "*.mlp.shared_experts.linear_fc1",
         "*.mlp.linear_fc2", "*.mlp.shared_experts.linear_fc2"]
 

@@ -80,7 +80,8 @@ def test_each_sub_stage_trains_its_conversations_on_megatron_and_the_last_export
                                               'ChatSFTPreprocessingConfig",loss_mode:"assistant"}')
     assert argv.index("dataset.preprocessing=null") < argv.index(f"+dataset.preprocessing={opts['+dataset.preprocessing']}")
     assert opts["train.train_iters"] == "2" and opts["dataset.seq_length"] == "512"
-    assert opts["dataset.offline_packing_specs"] == "{packed_sequence_size:512,pad_seq_to_mult:1}"
+    assert opts["dataset.offline_packing_specs"] == ('{_target_:"megatron.bridge.data.packing.PackedSequenceSpecs",'
+                                                     'packed_sequence_size:512,pad_seq_to_mult:1}')
     assert opts["checkpoint.pretrained_checkpoint"] == f'"{stage1 / "megatron-import" / "iter_0000000"}"'
     tokenizer = Path(json.loads(opts["tokenizer.tokenizer_model"]))
     assert tokenizer.parent == workdir / "sft_data" and tokenizer.name.startswith("start-")  # the chat start

@@ -1,0 +1,226 @@
+"""Every Megatron-Bridge plan the recipe check emits, through the released library's own config path.
+
+side_env/validate_plans.py (run by the side environment's interpreter, one subprocess for all
+plans) builds each plan as a rank of run_recipe.py would: the recipe function, the `--dataset`
+preset (`build_dataset_config`), the plan's `key=value` text through
+`process_config_with_overrides`, then `runtime_config_update`, which ends in
+`ConfigContainer.validate()`. Its docstring lists each step, the CPU-only settings it applies
+(each result names them) and the script syncs it checks instead of applying.
+
+The plans:
+- what `stagewise recipe check` translates for recipes/tiny.yaml and recipes/nemotron-3-nano-4b.yaml
+  with pretrain, long_context and sft on engine megatron (captured from engines/megatron/checks.py
+  as it translates, so they are its plans, not a copy of its arguments), and the 4B recipe with a
+  LoRA sub-stage;
+- the published Nano 4B runs (pretrain, SFT 2k, SFT 32k, LoRA) and the Nano 30B-A3B pretraining
+  defaults as test_megatron_translate.py writes them, and a 4B long-context block at 32k;
+- probes that must be refused: the SFT and LoRA override text the translation used to write, and a
+  global batch the data-parallel ranks cannot split, so a pass means the check can fail.
+
+Not here: plans on the Nano 30B-A3B SFT and PEFT recipes. Those recipe functions call
+`AutoBridge.from_hf_pretrained("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")` while they are built,
+which needs the Hugging Face Hub; this check runs offline. That includes tiny's two SFT
+sub-stages: the tiny shape is a MoE, so its SFT starts from the 30B-A3B SFT recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.megatron
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = Path(__file__).resolve().parent / "side_env" / "validate_plans.py"
+TINY = ROOT / "recipes" / "tiny.yaml"
+NANO_4B_RECIPE = ROOT / "recipes" / "nemotron-3-nano-4b.yaml"
+LAUNCH = ("{env: {venv: /opt/mbridge, workdir: /opt/Megatron-Bridge}, gpus_per_node: 8, "
+          "parallel: {tp: 2, cp: 2, sequence_parallel: true}}")
+"""The launch tests/recipe/test_recipe_engines.py gives the tiny recipe's stages (TP2, CP2, SP, DP2)."""
+ON_MEGATRON = [f"stages.{s}.{k}" for s in ("pretrain", "long_context", "sft")
+               for k in ("engine=megatron", f"launch={LAUNCH}")]
+FITS_MEGATRON = ["stages.long_context.data.lengths=[{length: 2048, share: 1.0}]",
+                 "stages.sft.stages[0].micro_batch=1", "stages.sft.stages[1].micro_batch=1",
+                 "stages.sft.stages[1].normalization=token"]
+"""What the recipe check asks of tiny's blocks (inherited by the 4B recipe) before Megatron-Bridge
+can take them: one long-context length, micro batch 1 and per-token loss for SFT."""
+LORA = "stages.sft.stages[0].lora={r: 4, alpha: 8, dropout: 0.05}"
+"""Adapters unlike the 4B PEFT recipe's own (rank 8, alpha 16, dropout 0, qkv/proj), so the values
+read back show the plan's, not the recipe's."""
+HUB_RECIPES = ("nemotron_3_nano_sft_8gpu_h100_bf16_config", "nemotron_3_nano_peft_8gpu_h100_bf16_config")
+"""Recipe functions that read the Hub while being built (see the module docstring)."""
+READ = ["model.seq_length", "dataset.seq_length", "train.train_iters", "data_parallel_size", "dataset"]
+READ_SFT = ["dataset.offline_packing_specs", "dataset.offline_packing_specs.packed_sequence_size",
+            "dataset.offline_packing_specs.pad_seq_to_mult", "dataset.preprocessing"]
+READ_LORA = ["peft", "peft.dim", "peft.alpha", "peft.dropout", "peft.target_modules"]
+
+
+def _checked_plans(recipe: Path, sets: list[str], stages: tuple[str, ...]) -> list:
+    """The MegatronPlans engines/megatron/checks.py translates for `stages`, captured as it makes
+    them (every block's translation ends in plan_megatron), after checking it refuses nothing."""
+    from stagewise.engines.megatron import checks, translate
+    from stagewise.recipe import load_recipe
+
+    r = load_recipe(recipe, sets).recipe
+    made, plan_megatron = [], translate.plan_megatron
+
+    def record(*a, **kw):
+        made.append(plan_megatron(*a, **kw))
+        return made[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(translate, "plan_megatron", record)
+        for stage in stages:
+            assert checks.megatron_problems(r, stage) == [], stage
+    return made
+
+
+def _card_plans() -> list[tuple[str, object, object]]:
+    """The published Nano 4B and 30B-A3B runs, built as test_megatron_translate.py builds them."""
+    from stagewise.data.long_context_config import LengthShare, LongContextDataConfig
+    from stagewise.engines.megatron.translate import plan_long_context
+    from stagewise.model.config import ModelConfig
+    from stagewise.recipe.blocks.long_context import LongContextStage
+    from tests.engines.megatron.test_megatron_translate import BLEND, NANO_4B, NANO_30B, _launch, _plan
+
+    out = []
+    for item, p in NANO_4B.items():
+        launch, plan = _plan("nemotron-3-nano-4b", p)
+        out.append((f"card-4b-{item}", plan, launch))
+    launch, plan = _plan("nemotron-3-nano-30b-a3b", NANO_30B["pretrain"])
+    out.append(("card-30b-a3b-pretrain", plan, launch))
+    stage = LongContextStage(tokens=50 * 32768 * 8, data=LongContextDataConfig(
+        lengths=[LengthShare(length=32768, share=1.0)], global_batch_tokens=8 * 32768, micro_batch_tokens=32768))
+    launch = _launch(NANO_4B["sft_32k"])
+    plan = plan_long_context(stage, launch, ModelConfig(preset="nemotron-3-nano-4b"), save_dir="/c", blend=BLEND,
+                             pretrained_checkpoint="/ck/iter_0000000")
+    out.append(("4b-long-context-32k", plan, launch))
+    return out
+
+
+def _recipe_plans() -> list[tuple[str, object, object]]:
+    """What the recipe check translates, named by recipe, index and mode, with the stages' launch."""
+    from stagewise.recipe import load_recipe
+
+    launch = load_recipe(TINY, [*ON_MEGATRON, *FITS_MEGATRON]).recipe.stages.pretrain.launch
+    stages = ("pretrain", "long_context", "sft")
+    runs = (("tiny", TINY, [*ON_MEGATRON, *FITS_MEGATRON], stages),
+            ("4b-recipe", NANO_4B_RECIPE, [*ON_MEGATRON, *FITS_MEGATRON], stages),
+            ("4b-recipe-lora", NANO_4B_RECIPE, [*ON_MEGATRON, *FITS_MEGATRON, LORA], ("sft",)))
+    return [(f"{prefix}-{i}-{plan.mode}", plan, launch)
+            for prefix, recipe, sets, which in runs
+            for i, plan in enumerate(_checked_plans(recipe, sets, which))]
+
+
+def _entry(name: str, plan, launch) -> dict:
+    """One plan as validate_plans.py reads it, with what to read back from the validated config."""
+    read = READ + (READ_SFT if plan.mode != "pretrain" else []) + (READ_LORA if plan.mode == "lora" else [])
+    return {"name": name, "argv": plan.argv()[2:], "world_size": launch.gpus, "read": read,
+            "recipe": plan.recipe, "plan": plan, "launch": launch}
+
+
+def _probes(card: dict[str, dict]) -> list[dict]:
+    """Plans the release must refuse: the translation's former SFT and LoRA text, and a world size
+    the global batch does not divide among its data-parallel ranks."""
+    sft, lora, pre = card["card-4b-sft"], card["card-4b-lora"], card["card-4b-pretrain"]
+    dict_specs = [a if not a.startswith("dataset.offline_packing_specs=") else
+                  "dataset.offline_packing_specs={packed_sequence_size:2048,pad_seq_to_mult:1}" for a in sft["argv"]]
+    no_append = [a.removeprefix("+") if a.startswith("+peft.") else a for a in lora["argv"]]
+    return [{"name": "probe-dict-packing-specs", "argv": dict_specs, "world_size": 8},
+            {"name": "probe-peft-without-append", "argv": no_append, "world_size": 8},
+            {"name": "probe-batch-over-12-ranks", "argv": pre["argv"], "world_size": 12}]
+
+
+def all_plans() -> list[dict]:
+    """Every plan above (tiny's and the 30B's Hub-bound SFT left out), then the probes."""
+    entries = [_entry(*t) for t in _recipe_plans() + _card_plans()]
+    plans = [e for e in entries if e["recipe"] not in HUB_RECIPES]
+    return plans + _probes({e["name"]: e for e in plans})
+
+
+@pytest.fixture(scope="module")
+def validated(megatron_python: Path, tmp_path_factory) -> tuple[list[dict], dict[str, dict], float]:
+    """(the plans, validate_plans.py's result per name, the seconds the one subprocess took)."""
+    plans = all_plans()
+    path = tmp_path_factory.mktemp("plans") / "plans.json"
+    path.write_text(json.dumps([{k: p[k] for k in ("name", "argv", "world_size", "read") if k in p}
+                                for p in plans], indent=1))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    t0 = time.monotonic()
+    run = subprocess.run([str(megatron_python), str(SCRIPT), str(path)], capture_output=True, text=True,
+                         env=env, timeout=600)
+    seconds = time.monotonic() - t0
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"plan"')]
+    assert run.returncode == 0 and len(lines) == len(plans), run.stderr[-4000:]
+    return plans, {r["plan"]: r for r in lines}, seconds
+
+
+def test_the_plan_set_is_every_block_kind_on_every_offline_recipe():
+    plans = [p for p in all_plans() if not p["name"].startswith("probe-")]
+    names = {p["name"] for p in plans}
+    assert {p["recipe"] for p in plans} == {
+        "nemotron_3_nano_4b_pretrain_8gpu_h100_bf16_config", "nemotron_3_nano_4b_sft_8gpu_h100_bf16_config",
+        "nemotron_3_nano_4b_sft_8gpu_h100_bf16_32k_config", "nemotron_3_nano_4b_peft_8gpu_h100_bf16_config",
+        "nemotron_3_nano_pretrain_8gpu_h100_bf16_config"}
+    assert {"tiny-0-pretrain", "tiny-1-pretrain"} <= names  # pretrain, long context (SFT: Hub-bound)
+    assert {"4b-recipe-0-pretrain", "4b-recipe-1-pretrain", "4b-recipe-2-sft", "4b-recipe-3-sft",
+            "4b-recipe-lora-0-lora", "4b-recipe-lora-1-sft"} <= names
+    assert {f"card-4b-{i}" for i in ("pretrain", "sft", "sft_32k", "lora")} <= names
+
+
+def test_every_plan_passes_the_released_validate(validated):
+    plans, got, seconds = validated
+    failed = {p["name"]: f'{got[p["name"]]["error"]}: {got[p["name"]]["message"]}'
+              for p in plans if not p["name"].startswith("probe-") and not got[p["name"]]["ok"]}
+    assert failed == {}
+    print(f"{len(plans)} plans through Megatron-Bridge in {seconds:.1f} s")
+
+
+def test_the_release_reads_each_plan_as_the_plan_means_it(validated):
+    plans, got, _ = validated
+    for p in plans:
+        if p["name"].startswith("probe-"):
+            continue
+        o, read = p["plan"].overrides, got[p["name"]]["read"]
+        assert read["model.seq_length"] == read["dataset.seq_length"] == o["dataset.seq_length"], p["name"]
+        assert read["train.train_iters"] == p["plan"].train_iters, p["name"]
+        assert read["data_parallel_size"] == p["launch"].data_parallel, p["name"]
+        if p["plan"].mode == "pretrain":
+            assert read["dataset"] == "GPTDatasetConfig", p["name"]
+        else:
+            assert read["dataset"] == "GPTSFTDatasetConfig", p["name"]
+            assert read["dataset.offline_packing_specs"] == "PackedSequenceSpecs", p["name"]
+            assert read["dataset.offline_packing_specs.packed_sequence_size"] == o["dataset.seq_length"], p["name"]
+        if p["name"].startswith("4b-recipe-") and p["plan"].mode != "pretrain":
+            assert read["dataset.preprocessing"] == "ChatSFTPreprocessingConfig", p["name"]  # chat_jsonl_overrides
+
+
+def test_the_published_packing_and_the_recipe_lora_arrive_as_written(validated):
+    _, got, _ = validated
+    packing = {name: (got[name]["read"]["dataset.offline_packing_specs.packed_sequence_size"],
+                      got[name]["read"]["dataset.offline_packing_specs.pad_seq_to_mult"])
+               for name in ("card-4b-sft", "card-4b-sft_32k", "card-4b-lora")}
+    assert packing == {"card-4b-sft": (2048, 1), "card-4b-sft_32k": (32768, 4), "card-4b-lora": (2048, 4)}
+    lora = got["4b-recipe-lora-0-lora"]["read"]
+    assert (lora["peft"], lora["peft.dim"], lora["peft.alpha"], lora["peft.dropout"]) == ("LoRA", 4, 8, 0.05)
+    assert lora["peft.target_modules"] == ["linear_qkv", "linear_proj", "in_proj", "linear_fc1", "linear_fc2"]
+    card = got["card-4b-lora"]["read"]
+    assert (card["peft.dim"], card["peft.alpha"], card["peft.dropout"], card["peft.target_modules"]) == (
+        8, 16, 0.0, ["linear_qkv", "linear_proj"])
+
+
+def test_the_check_refuses_what_the_release_refuses(validated):
+    _, got, _ = validated
+    probe = {name: (r["ok"], r.get("error"), r.get("message", "")) for name, r in got.items()
+             if name.startswith("probe-")}
+    ok, error, message = probe["probe-dict-packing-specs"]
+    assert (ok, error) == (False, "ScriptWouldChange") and "offline_packing_specs" in message and "dict" in message
+    ok, error, message = probe["probe-peft-without-append"]
+    assert (ok, error) == (False, "OverridesError") and "Could not override 'peft.dim'" in message
+    ok, error, message = probe["probe-batch-over-12-ranks"]
+    assert not ok and "1024" in message, message
