@@ -10,17 +10,31 @@ preset (`build_dataset_config`), the plan's `key=value` text through
 The plans:
 - what `stagewise recipe check` translates for recipes/tiny.yaml and recipes/nemotron-3-nano-4b.yaml
   with pretrain, long_context and sft on engine megatron (captured from engines/megatron/checks.py
-  as it translates, so they are its plans, not a copy of its arguments), and the 4B recipe with a
-  LoRA sub-stage;
-- the published Nano 4B runs (pretrain, SFT 2k, SFT 32k, LoRA) and the Nano 30B-A3B pretraining
-  defaults as test_megatron_translate.py writes them, and a 4B long-context block at 32k;
+  as it translates, so they are its plans, not a copy of its arguments), and both recipes with a
+  LoRA sub-stage (tiny is a MoE: its SFT and LoRA sub-stages run the 30B-A3B SFT and PEFT recipes
+  with the tiny shape as model overrides);
+- the published Nano 4B runs (pretrain, SFT 2k, SFT 32k, LoRA) and the Nano 30B-A3B pretraining and
+  SFT defaults as test_megatron_translate.py writes them, a 30B-A3B LoRA run on the PEFT recipe's
+  defaults (_nano_30b_lora), and a 4B long-context block at 32k;
 - probes that must be refused: the SFT and LoRA override text the translation used to write, and a
-  global batch the data-parallel ranks cannot split, so a pass means the check can fail.
+  global batch the data-parallel ranks cannot split, so a pass means the check can fail; and one
+  that must read differently: the 30B-A3B SFT plan against a Hub cache whose config has another
+  vocabulary, which the validated model must carry.
 
-Not here: plans on the Nano 30B-A3B SFT and PEFT recipes. Those recipe functions call
-`AutoBridge.from_hf_pretrained("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")` while they are built,
-which needs the Hugging Face Hub; this check runs offline. That includes tiny's two SFT
-sub-stages: the tiny shape is a MoE, so its SFT starts from the 30B-A3B SFT recipe.
+The Hub, offline: the 30B-A3B SFT and PEFT recipe functions (HUB_RECIPES) build their model with
+`AutoBridge.from_hf_pretrained("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
+.to_megatron_provider(load_weights=False)`, which reads that repository's config.json and nothing
+else. The side process runs offline (HF_HUB_OFFLINE=1, nothing is downloaded) with HF_HOME and
+HF_HUB_CACHE in a tmp dir holding that repository as a download leaves it (`refs/main` and
+`snapshots/<rev>/config.json`, hub_cache below), so the release's own lookup reads it. That
+config.json is the published architecture written by our code: the `nemotron-3-nano-30b-a3b` model
+preset (checked against the published 31.6B / 3.6B parameter counts, model/presets/) built as
+NemotronHConfig by model.build.build_hf_config and saved by our transformers, then converted by
+engines/megatron/hf_config.py for the transformers Megatron-Bridge pins (layer kinds mamba /
+attention), exactly as a stage hands our checkpoints to Megatron-Bridge. No weights are made: only
+the config object is built and saved. The validated model reads back the preset's vocabulary,
+layer count and pattern, and the probe above shows a change to the cached config arriving, so the
+cache, not some other copy, is what the recipe reads.
 """
 
 from __future__ import annotations
@@ -50,14 +64,53 @@ FITS_MEGATRON = ["stages.long_context.data.lengths=[{length: 2048, share: 1.0}]"
 """What the recipe check asks of tiny's blocks (inherited by the 4B recipe) before Megatron-Bridge
 can take them: one long-context length, micro batch 1 and per-token loss for SFT."""
 LORA = "stages.sft.stages[0].lora={r: 4, alpha: 8, dropout: 0.05}"
-"""Adapters unlike the 4B PEFT recipe's own (rank 8, alpha 16, dropout 0, qkv/proj), so the values
-read back show the plan's, not the recipe's."""
+"""Adapters unlike the PEFT recipes' own (4B: rank 8, alpha 16, dropout 0, qkv/proj; 30B-A3B: rank 32,
+alpha 32, dropout 0, six modules), so the values read back show the plan's, not the recipe's."""
 HUB_RECIPES = ("nemotron_3_nano_sft_8gpu_h100_bf16_config", "nemotron_3_nano_peft_8gpu_h100_bf16_config")
 """Recipe functions that read the Hub while being built (see the module docstring)."""
+HUB_MODEL = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+"""The repository those recipe functions read (`_NEMOTRON_3_NANO_MODEL_ID` in nemotron_3_nano.py)."""
+NANO_30B_A3B = "nemotron-3-nano-30b-a3b"
+PROBE_VOCAB = 65536
+"""The vocabulary of the probe's cached config (the preset's is 131072)."""
 READ = ["model.seq_length", "dataset.seq_length", "train.train_iters", "data_parallel_size", "dataset"]
 READ_SFT = ["dataset.offline_packing_specs", "dataset.offline_packing_specs.packed_sequence_size",
             "dataset.offline_packing_specs.pad_seq_to_mult", "dataset.preprocessing"]
 READ_LORA = ["peft", "peft.dim", "peft.alpha", "peft.dropout", "peft.target_modules"]
+READ_HUB = ["model.vocab_size", "model.num_layers", "model.hybrid_layer_pattern"]
+"""Read back where the model comes from the cached config (HUB_RECIPES)."""
+
+
+def _nano_30b_lora() -> dict:
+    """A 30B-A3B LoRA run in test_megatron_translate.py's terms: its NANO_30B SFT row on the PEFT
+    recipe, with what nemotron_3_nano.py's PEFT recipe and recipes/common.py's _peft_common change
+    (LR 1e-4, the default LoRA shape: rank 32, alpha 32, dropout 0)."""
+    from tests.engines.megatron.test_megatron_translate import NANO_30B
+
+    return {**NANO_30B["sft"], "recipe": "nemotron_3_nano_peft_8gpu_h100_bf16_config", "mode": "lora",
+            "lr": 1e-4, "lora": dict(dim=32, alpha=32, dropout=0.0, targets=["linear_qkv", "linear_proj"])}
+
+
+def hub_cache(root: Path, vocab_size: int | None = None) -> Path:
+    """`root` made a Hugging Face hub cache holding HUB_MODEL as a download leaves it: refs/main
+    naming a revision, snapshots/<rev>/config.json. The config is our nemotron-3-nano-30b-a3b preset
+    (or it with `vocab_size`) as NemotronHConfig, saved by our transformers and rewritten for the
+    pinned one by engines/megatron/hf_config.py. No model is built."""
+    import hashlib
+
+    from stagewise.engines.megatron.hf_config import megatron_hf_dir
+    from stagewise.model.build import build_hf_config
+    from stagewise.model.config import ModelConfig
+
+    overrides = {} if vocab_size is None else {"vocab_size": vocab_size}
+    saved = root.with_name(f"{root.name}-as-saved")  # beside the cache: our transformers' own config.json
+    build_hf_config(ModelConfig(preset=NANO_30B_A3B, overrides=overrides), None).save_pretrained(saved)
+    repo = root / ("models--" + HUB_MODEL.replace("/", "--"))
+    rev = hashlib.sha1((saved / "config.json").read_bytes()).hexdigest()
+    megatron_hf_dir(saved, repo / "snapshots" / rev)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(rev)
+    return root
 
 
 def _checked_plans(recipe: Path, sets: list[str], stages: tuple[str, ...]) -> list:
@@ -92,8 +145,9 @@ def _card_plans() -> list[tuple[str, object, object]]:
     for item, p in NANO_4B.items():
         launch, plan = _plan("nemotron-3-nano-4b", p)
         out.append((f"card-4b-{item}", plan, launch))
-    launch, plan = _plan("nemotron-3-nano-30b-a3b", NANO_30B["pretrain"])
-    out.append(("card-30b-a3b-pretrain", plan, launch))
+    for item, p in (("pretrain", NANO_30B["pretrain"]), ("sft", NANO_30B["sft"]), ("lora", _nano_30b_lora())):
+        launch, plan = _plan(NANO_30B_A3B, p)
+        out.append((f"card-30b-a3b-{item}", plan, launch))
     stage = LongContextStage(tokens=50 * 32768 * 8, data=LongContextDataConfig(
         lengths=[LengthShare(length=32768, share=1.0)], global_batch_tokens=8 * 32768, micro_batch_tokens=32768))
     launch = _launch(NANO_4B["sft_32k"])
@@ -111,6 +165,7 @@ def _recipe_plans() -> list[tuple[str, object, object]]:
     stages = ("pretrain", "long_context", "sft")
     runs = (("tiny", TINY, [*ON_MEGATRON, *FITS_MEGATRON], stages),
             ("4b-recipe", NANO_4B_RECIPE, [*ON_MEGATRON, *FITS_MEGATRON], stages),
+            ("tiny-lora", TINY, [*ON_MEGATRON, *FITS_MEGATRON, LORA], ("sft",)),
             ("4b-recipe-lora", NANO_4B_RECIPE, [*ON_MEGATRON, *FITS_MEGATRON, LORA], ("sft",)))
     return [(f"{prefix}-{i}-{plan.mode}", plan, launch)
             for prefix, recipe, sets, which in runs
@@ -119,58 +174,78 @@ def _recipe_plans() -> list[tuple[str, object, object]]:
 
 def _entry(name: str, plan, launch) -> dict:
     """One plan as validate_plans.py reads it, with what to read back from the validated config."""
-    read = READ + (READ_SFT if plan.mode != "pretrain" else []) + (READ_LORA if plan.mode == "lora" else [])
+    read = READ + (READ_SFT if plan.mode != "pretrain" else []) + (READ_LORA if plan.mode == "lora" else []) \
+        + (READ_HUB if plan.recipe in HUB_RECIPES else [])
     return {"name": name, "argv": plan.argv()[2:], "world_size": launch.gpus, "read": read,
             "recipe": plan.recipe, "plan": plan, "launch": launch}
 
 
-def _probes(card: dict[str, dict]) -> list[dict]:
+def _probes(card: dict[str, dict], probe_cache: Path | None) -> list[dict]:
     """Plans the release must refuse: the translation's former SFT and LoRA text, and a world size
-    the global batch does not divide among its data-parallel ranks."""
+    the global batch does not divide among its data-parallel ranks; and the 30B-A3B SFT plan against
+    `probe_cache` (hub_cache with PROBE_VOCAB), whose vocabulary the validated model must carry."""
     sft, lora, pre = card["card-4b-sft"], card["card-4b-lora"], card["card-4b-pretrain"]
     dict_specs = [a if not a.startswith("dataset.offline_packing_specs=") else
                   "dataset.offline_packing_specs={packed_sequence_size:2048,pad_seq_to_mult:1}" for a in sft["argv"]]
     no_append = [a.removeprefix("+") if a.startswith("+peft.") else a for a in lora["argv"]]
     return [{"name": "probe-dict-packing-specs", "argv": dict_specs, "world_size": 8},
             {"name": "probe-peft-without-append", "argv": no_append, "world_size": 8},
-            {"name": "probe-batch-over-12-ranks", "argv": pre["argv"], "world_size": 12}]
+            {"name": "probe-batch-over-12-ranks", "argv": pre["argv"], "world_size": 12},
+            {"name": "probe-hub-other-vocab", "argv": card["card-30b-a3b-sft"]["argv"], "world_size": 8,
+             "read": READ_HUB, **({"hf_hub_cache": str(probe_cache)} if probe_cache else {})}]
 
 
-def all_plans() -> list[dict]:
-    """Every plan above (tiny's and the 30B's Hub-bound SFT left out), then the probes."""
-    entries = [_entry(*t) for t in _recipe_plans() + _card_plans()]
-    plans = [e for e in entries if e["recipe"] not in HUB_RECIPES]
-    return plans + _probes({e["name"]: e for e in plans})
+def all_plans(probe_cache: Path | None = None) -> list[dict]:
+    """Every plan above, then the probes."""
+    plans = [_entry(*t) for t in _recipe_plans() + _card_plans()]
+    return plans + _probes({e["name"]: e for e in plans}, probe_cache)
 
 
 @pytest.fixture(scope="module")
 def validated(megatron_python: Path, tmp_path_factory) -> tuple[list[dict], dict[str, dict], float]:
-    """(the plans, validate_plans.py's result per name, the seconds the one subprocess took)."""
-    plans = all_plans()
-    path = tmp_path_factory.mktemp("plans") / "plans.json"
-    path.write_text(json.dumps([{k: p[k] for k in ("name", "argv", "world_size", "read") if k in p}
-                                for p in plans], indent=1))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    """(the plans, validate_plans.py's result per name, the seconds the one subprocess took).
+    The subprocess starts first (its imports are most of its time) and gets the plans on stdin once
+    the Hub caches are written; it reads no plan before that."""
+    root = tmp_path_factory.mktemp("plans")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(root / "hf-home"),
+           "HF_HUB_CACHE": str(root / "hf-home" / "hub"), "MEGATRON_CONFIG_LOCK_DIR": str(root / "locks")}
     t0 = time.monotonic()
-    run = subprocess.run([str(megatron_python), str(SCRIPT), str(path)], capture_output=True, text=True,
-                         env=env, timeout=600)
+    side = subprocess.Popen([str(megatron_python), str(SCRIPT), "-"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        hub_cache(Path(env["HF_HUB_CACHE"]))
+        plans = all_plans(hub_cache(root / "probe-hub", vocab_size=PROBE_VOCAB))
+        text = json.dumps([{k: p[k] for k in ("name", "argv", "world_size", "read", "hf_hub_cache") if k in p}
+                           for p in plans], indent=1)
+        (root / "plans.json").write_text(text)  # kept for a rerun by hand: validate_plans.py plans.json
+        out, err = side.communicate(text, timeout=600)
+    finally:
+        if side.poll() is None:
+            side.kill()
+            side.communicate()
     seconds = time.monotonic() - t0
-    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"plan"')]
-    assert run.returncode == 0 and len(lines) == len(plans), run.stderr[-4000:]
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith('{"plan"')]
+    assert side.returncode == 0 and len(lines) == len(plans), err[-4000:]
     return plans, {r["plan"]: r for r in lines}, seconds
 
 
-def test_the_plan_set_is_every_block_kind_on_every_offline_recipe():
+def test_the_plan_set_is_every_block_kind_on_every_recipe():
     plans = [p for p in all_plans() if not p["name"].startswith("probe-")]
     names = {p["name"] for p in plans}
     assert {p["recipe"] for p in plans} == {
         "nemotron_3_nano_4b_pretrain_8gpu_h100_bf16_config", "nemotron_3_nano_4b_sft_8gpu_h100_bf16_config",
         "nemotron_3_nano_4b_sft_8gpu_h100_bf16_32k_config", "nemotron_3_nano_4b_peft_8gpu_h100_bf16_config",
-        "nemotron_3_nano_pretrain_8gpu_h100_bf16_config"}
-    assert {"tiny-0-pretrain", "tiny-1-pretrain"} <= names  # pretrain, long context (SFT: Hub-bound)
+        "nemotron_3_nano_pretrain_8gpu_h100_bf16_config", *HUB_RECIPES}
+    assert {"tiny-0-pretrain", "tiny-1-pretrain", "tiny-2-sft", "tiny-3-sft",
+            "tiny-lora-0-lora", "tiny-lora-1-sft"} <= names
     assert {"4b-recipe-0-pretrain", "4b-recipe-1-pretrain", "4b-recipe-2-sft", "4b-recipe-3-sft",
             "4b-recipe-lora-0-lora", "4b-recipe-lora-1-sft"} <= names
     assert {f"card-4b-{i}" for i in ("pretrain", "sft", "sft_32k", "lora")} <= names
+    assert {f"card-30b-a3b-{i}" for i in ("pretrain", "sft", "lora")} <= names
+    hub = {p["name"]: p["recipe"] for p in plans if p["recipe"] in HUB_RECIPES}
+    assert hub == {"tiny-2-sft": HUB_RECIPES[0], "tiny-3-sft": HUB_RECIPES[0], "tiny-lora-0-lora": HUB_RECIPES[1],
+                   "tiny-lora-1-sft": HUB_RECIPES[0], "card-30b-a3b-sft": HUB_RECIPES[0],
+                   "card-30b-a3b-lora": HUB_RECIPES[1]}
 
 
 def test_every_plan_passes_the_released_validate(validated):
@@ -196,8 +271,27 @@ def test_the_release_reads_each_plan_as_the_plan_means_it(validated):
             assert read["dataset"] == "GPTSFTDatasetConfig", p["name"]
             assert read["dataset.offline_packing_specs"] == "PackedSequenceSpecs", p["name"]
             assert read["dataset.offline_packing_specs.packed_sequence_size"] == o["dataset.seq_length"], p["name"]
-        if p["name"].startswith("4b-recipe-") and p["plan"].mode != "pretrain":
+        if p["name"].startswith(("4b-recipe-", "tiny-")) and p["plan"].mode != "pretrain":
             assert read["dataset.preprocessing"] == "ChatSFTPreprocessingConfig", p["name"]  # chat_jsonl_overrides
+
+
+def test_the_hub_recipes_build_the_cached_architecture(validated):
+    """The model of a Hub recipe is the cached config's (our preset), under the plan's own fields."""
+    from stagewise.model.presets import preset_kwargs
+
+    plans, got, _ = validated
+    preset = preset_kwargs(NANO_30B_A3B)
+    hub = [p for p in plans if p.get("recipe") in HUB_RECIPES]
+    assert len(hub) == 6
+    for p in hub:
+        o, read = p["plan"].overrides, got[p["name"]]["read"]
+        pattern = o.get("model.hybrid_layer_pattern", preset["hybrid_override_pattern"])
+        assert read["model.vocab_size"] == o.get("model.vocab_size", preset["vocab_size"]), p["name"]
+        assert (read["model.hybrid_layer_pattern"], read["model.num_layers"]) == (pattern, len(pattern)), p["name"]
+    card = got["card-30b-a3b-sft"]["read"]
+    assert (card["model.vocab_size"], card["model.num_layers"]) == (131072, 52)
+    tiny = got["tiny-2-sft"]["read"]  # the plan's shape, over the recipe's
+    assert (tiny["model.vocab_size"], tiny["model.hybrid_layer_pattern"]) == (4096, "M*EM-E")
 
 
 def test_the_published_packing_and_the_recipe_lora_arrive_as_written(validated):
@@ -214,6 +308,25 @@ def test_the_published_packing_and_the_recipe_lora_arrive_as_written(validated):
         8, 16, 0.0, ["linear_qkv", "linear_proj"])
 
 
+def test_the_moe_sft_and_lora_arrive_as_written(validated):
+    """Tiny's SFT and LoRA sub-stages and the 30B-A3B runs on the Hub recipes: packing, LoRA shape and
+    the MoE targets (routed experts left out) as the plan writes them, not the recipe's defaults."""
+    _, got, _ = validated
+    packing = {name: (got[name]["read"]["dataset.offline_packing_specs.packed_sequence_size"],
+                      got[name]["read"]["dataset.offline_packing_specs.pad_seq_to_mult"])
+               for name in ("tiny-2-sft", "tiny-3-sft", "tiny-lora-0-lora", "card-30b-a3b-sft", "card-30b-a3b-lora")}
+    assert packing == {"tiny-2-sft": (512, 4), "tiny-3-sft": (4096, 4), "tiny-lora-0-lora": (512, 4),
+                       "card-30b-a3b-sft": (2048, 1), "card-30b-a3b-lora": (2048, 1)}
+    lora = got["tiny-lora-0-lora"]["read"]
+    assert (lora["peft"], lora["peft.dim"], lora["peft.alpha"], lora["peft.dropout"]) == ("LoRA", 4, 8, 0.05)
+    assert lora["peft.target_modules"] == [
+        "linear_qkv", "linear_proj", "in_proj", "*.mlp.linear_fc1", "*.mlp.shared_experts.linear_fc1",
+        "*.mlp.linear_fc2", "*.mlp.shared_experts.linear_fc2"]
+    card = got["card-30b-a3b-lora"]["read"]
+    assert (card["peft"], card["peft.dim"], card["peft.alpha"], card["peft.dropout"], card["peft.target_modules"]) == (
+        "LoRA", 32, 32, 0.0, ["linear_qkv", "linear_proj"])  # the recipe's six modules are not the plan's
+
+
 def test_the_check_refuses_what_the_release_refuses(validated):
     _, got, _ = validated
     probe = {name: (r["ok"], r.get("error"), r.get("message", "")) for name, r in got.items()
@@ -224,3 +337,12 @@ def test_the_check_refuses_what_the_release_refuses(validated):
     assert (ok, error) == (False, "OverridesError") and "Could not override 'peft.dim'" in message
     ok, error, message = probe["probe-batch-over-12-ranks"]
     assert not ok and "1024" in message, message
+
+
+def test_the_hub_recipes_read_the_cache_we_wrote(validated):
+    """The same 30B-A3B SFT plan against a cache whose config has PROBE_VOCAB: the model follows it."""
+    _, got, _ = validated
+    probe, card = got["probe-hub-other-vocab"], got["card-30b-a3b-sft"]
+    assert probe["ok"], probe
+    assert (probe["read"]["model.vocab_size"], card["read"]["model.vocab_size"]) == (PROBE_VOCAB, 131072)
+    assert probe["read"]["model.hybrid_layer_pattern"] == card["read"]["model.hybrid_layer_pattern"]

@@ -2,7 +2,7 @@
 
 Run by tests/engines/megatron/test_real_plans.py with the side environment's interpreter:
 
-    .venv-megatron/bin/python validate_plans.py PLANS.json
+    .venv-megatron/bin/python validate_plans.py PLANS.json    (or `-`: the plans on stdin)
 
 PLANS.json is a list of `{"name": ..., "argv": [...], "world_size": N, "read": [...]}`, where `argv`
 is what our plan hands `scripts/training/run_recipe.py` (MegatronPlan.argv() after the script path:
@@ -10,7 +10,18 @@ is what our plan hands `scripts/training/run_recipe.py` (MegatronPlan.argv() aft
 `world_size` the ranks the launch starts, and `read` (optional) dotted paths of the validated
 config to report. For each plan this prints one JSON line, `{"plan": name, "ok": true,
 "cpu_only": [...], "read": {path: value}}` or `{"plan": name, "ok": false, "error": TYPE,
-"message": ...}`.
+"message": ...}`. The library is imported before the plans are read, so a caller may start this
+script and write the plans to its stdin once what they need (the Hub cache below) is on disk.
+
+The Hub: the Nano 30B-A3B SFT and PEFT recipe functions build their model with
+`AutoBridge.from_hf_pretrained("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
+.to_megatron_provider(load_weights=False)`, which reads that repository's config.json (nothing
+else). The caller runs this script offline (HF_HUB_OFFLINE=1) with HF_HUB_CACHE naming a Hugging
+Face cache that holds the repository's `refs/main` and `snapshots/<rev>/config.json`, so the
+library's own lookup finds it there as it would a downloaded one (test_real_plans.py writes that
+config from our model preset). A plan may name another cache as `"hf_hub_cache"` (a probe: a cache
+whose config differs, to show the cache is what the recipe reads); huggingface_hub's cache path is
+set to it for that plan only.
 
 What a rank of run_recipe.py does before training, step by step, and where each step comes from.
 `scripts/` ships in the container's Megatron-Bridge checkout, not in the megatron-bridge wheel, so
@@ -202,6 +213,27 @@ def _imported_checkpoint(cfg):
 
 
 @contextmanager
+def _hub_cache(path: str | None):
+    """The Hugging Face cache huggingface_hub (and transformers through it) looks files up in, for one
+    plan: `path`, else the process's HF_HUB_CACHE as it is."""
+    if path is None:
+        yield
+        return
+    from huggingface_hub import constants
+
+    saved_env, saved = os.environ.get("HF_HUB_CACHE"), constants.HF_HUB_CACHE
+    os.environ["HF_HUB_CACHE"] = constants.HF_HUB_CACHE = path
+    try:
+        yield
+    finally:
+        constants.HF_HUB_CACHE = saved
+        if saved_env is None:
+            os.environ.pop("HF_HUB_CACHE", None)
+        else:
+            os.environ["HF_HUB_CACHE"] = saved_env
+
+
+@contextmanager
 def _ranks(world_size: int):
     """WORLD_SIZE / RANK as torchrun sets them for rank 0 of the launch, for the call only."""
     saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
@@ -251,15 +283,19 @@ def _read(cfg, path: str):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("plans", type=Path)
-    plans = json.loads(p.parse_args().plans.read_text())
+    p.add_argument("plans", help="PLANS.json, or - to read the plans from stdin")
+    source = p.parse_args().plans
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import harness
 
     harness.install()
+    importlib.import_module("megatron.bridge.recipes")  # the imports are most of the time: before the plans
+    importlib.import_module("megatron.bridge.training.config")
+    plans = json.loads(sys.stdin.read() if source == "-" else Path(source).read_text())
     for plan in plans:
         try:
-            applied, values = validate(plan["argv"], plan["world_size"], plan.get("read", []))
+            with _hub_cache(plan.get("hf_hub_cache")):
+                applied, values = validate(plan["argv"], plan["world_size"], plan.get("read", []))
             result = {"plan": plan["name"], "ok": True, "cpu_only": applied, "read": values}
         except Exception as e:  # noqa: BLE001 - every refusal is a result, reported by name
             result = {"plan": plan["name"], "ok": False, "error": type(e).__name__,
