@@ -4,6 +4,7 @@
     python3 dev.py demo           # create .venv if missing, install, run the CPU demo pipeline
     python3 dev.py test           # create .venv if missing, install, run the test suite
     python3 dev.py megatron-env   # build .venv-megatron: the released Megatron-Bridge on CPU torch
+    python3 dev.py gym-env        # build .venv-gym: the released NeMo Gym's row models (no torch)
 
 The virtualenv is (re)installed only when pyproject.toml changed since the last install.
 torch is pinned to the CPU build (2.13.0) through the `dev` extra, so no CUDA wheels are
@@ -16,6 +17,11 @@ transformers <= 5.12.1). `megatron-env` builds it from MEGATRON_PINS, the one li
 rebuilds it from scratch only when they change (a stamp holds their hash); a build that fails leaves
 no stamp, so the next call starts over. STAGEWISE_MEGATRON_PYTHON points the tests at another
 interpreter with that release.
+
+`gym-env` builds `.venv-gym` the same way from GYM_PINS (its own stamp): NeMo Gym 0.7.0, whose row
+models (the request a row becomes) the tests of our NeMo RL rows validate against
+(tests/engines/nemo_rl/test_real_gym_rows.py, also marked `megatron`: side-environment tests).
+STAGEWISE_GYM_PYTHON points them at another interpreter with that release.
 """
 
 from __future__ import annotations
@@ -163,15 +169,99 @@ def ensure_megatron_env() -> Path:
     return python
 
 
+GYM_VENV = ROOT / ".venv-gym"
+GYM_BIN = GYM_VENV / ("Scripts" if os.name == "nt" else "bin")
+GYM_STAMP = GYM_VENV / ".stagewise-gym-pins"
+# The NeMo Gym side environment's pins, in the order they are installed (_GYM_STEPS). nemo-gym 0.7.0
+# declares Python >= 3.13.14 and pulls a serving stack (mlflow, datasets, mcp, anthropic, pyarrow,
+# ray[default], ...) that its row models never import; it goes in without its dependencies, and what
+# the row models' imports need is listed here by hand (nemo_gym.global_config reads ray's version at
+# import; nemo_gym.reward_profile, imported by base_resources_server, imports pandas, scipy and wandb).
+# Its code parses and imports on 3.11. scipy stays at 1.17.1: 1.18 has no Python 3.11 build.
+GYM_PINS: dict[str, list[str]] = {
+    "resolved": [
+        "pydantic==2.14.4", "pydantic-core==2.50.5", "openai==2.44.0", "fastapi==0.165.0", "starlette==1.10.0",
+        "uvicorn==0.55.0", "httptools==0.9.0", "aiohttp==3.14.5", "orjson==3.13.0", "requests==2.34.2",
+        "omegaconf==2.3.1", "hydra-core==1.3.8", "rich==15.0.0", "itsdangerous==2.2.0", "ray==2.60.0",
+        "yappi==1.7.6", "pydot==4.0.1", "pandas==3.1.1", "scipy==1.17.1", "wandb==0.31.0", "numpy==2.4.6",
+        "anyio==4.16.0", "typing-extensions==4.16.0",
+    ],
+    "gym": ["nemo-gym==0.7.0"],
+}
+_GYM_STEPS = {  # group -> (what the step line says, extra pip arguments)
+    "resolved": ("what NeMo Gym's row models import", []),
+    "gym": ("nemo-gym (no deps, Python >= 3.13.14 declared)", ["--no-deps", "--ignore-requires-python"]),
+}
+# Every pin at its version (argv[1]: the pins), and no torch (nothing here needs it).
+_GYM_CHECK = """
+import importlib.metadata as md, importlib.util, json, sys
+for pin in json.loads(sys.argv[1]):
+    name, want = pin.split("==")
+    have = md.version(name)
+    assert have == want, f"{name} {have} installed, {want} pinned"
+assert importlib.util.find_spec("torch") is None, "torch must not be installed here"
+"""
+# The row models the gym tests import (tests/engines/nemo_rl/side_env/check_rows.py), once, with bytecode
+# written (pip ran with --no-compile, and this machine may set PYTHONDONTWRITEBYTECODE).
+_GYM_WARM = """
+import sys
+sys.dont_write_bytecode = False
+from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyRequest
+from nemo_gym.openai_utils import NeMoGymResponse
+from responses_api_agents.simple_agent.app import SimpleAgentRunRequest, SimpleAgentVerifyRequest
+"""
+
+
+def gym_pins_key() -> str:
+    """The hash of everything the NeMo Gym side environment is built from (its stamp)."""
+    doc = {"pins": GYM_PINS, "python": sys.version_info[:2]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _gym_step(line: str, cmd: list[str]) -> None:
+    """One gym-env build step: its line printed, its output kept quiet unless it fails."""
+    print(f"gym-env: {line}", flush=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode:
+        noise = "is ignored: it is neither a file nor a directory"  # pip on the machine's local indexes
+        tail = [ln for ln in done.stdout.splitlines() if noise not in ln][-40:]
+        raise SystemExit(f"gym-env: failed ({done.returncode}): {' '.join(cmd)}\n" + "\n".join(tail))
+
+
+def ensure_gym_env() -> Path:
+    """Build .venv-gym from GYM_PINS unless its stamp says it is built from them; its python."""
+    python = GYM_BIN / "python"
+    if python.exists() and GYM_STAMP.exists() and GYM_STAMP.read_text() == gym_pins_key():
+        print(f"gym-env: {GYM_VENV.name} is up to date", flush=True)
+        return python
+    if GYM_VENV.exists():
+        print(f"gym-env: removing {GYM_VENV.name} (built from other pins, or not finished)", flush=True)
+        shutil.rmtree(GYM_VENV)
+    t0 = time.monotonic()
+    print(f"gym-env: creating {GYM_VENV.name}", flush=True)
+    venv.EnvBuilder(with_pip=True).create(GYM_VENV)
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-compile"]
+    for group, (line, extra) in _GYM_STEPS.items():
+        pins = GYM_PINS[group]
+        _gym_step(f"{line}: {' '.join(pins)}" if len(pins) <= 2 else f"{line} ({len(pins)} pins)", pip + extra + pins)
+    _gym_step("checking the environment", [str(python), "-c", _GYM_CHECK,
+                                           json.dumps([p for group in GYM_PINS.values() for p in group])])
+    _gym_step("byte-compiling what the gym tests import", [str(python), "-c", _GYM_WARM])
+    GYM_STAMP.write_text(gym_pins_key())
+    print(f"gym-env: ready in {time.monotonic() - t0:.0f} s ({python.relative_to(ROOT)})", flush=True)
+    return python
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "megatron-env"):
+    if not argv or argv[0] not in ("demo", "test", "megatron-env", "gym-env"):
         print(__doc__)
         return 2
-    if argv[0] == "megatron-env":
+    if argv[0] in ("megatron-env", "gym-env"):
         if len(argv) > 1:
-            print(f"megatron-env takes no arguments, got {argv[1:]}")
+            print(f"{argv[0]} takes no arguments, got {argv[1:]}")
             return 2
-        ensure_megatron_env()
+        (ensure_megatron_env if argv[0] == "megatron-env" else ensure_gym_env)()
         return 0
     ensure_venv()
     env = dict(os.environ, PYTHONUNBUFFERED="1")

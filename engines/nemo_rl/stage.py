@@ -4,7 +4,9 @@ Our side keeps what NeMo RL has no hook for and hands it over as data: the diffi
 filter and the curriculum become the rows themselves (engines/nemo_rl/translate.py's ordered_rows: each
 rollout step's prompts in step order, then spare refill batches so that dynamic sampling never
 ends the run short of its last step). Each row carries the NeMo Gym agent that verifies it (its
-own `agent_ref`, else `nemo_gym.agents` of its verifier). Into the step directory go
+own `agent_ref`, else `nemo_gym.agents` of its verifier) and its tools as Responses-API tools
+(translate.gym_row; tests/engines/nemo_rl/test_real_gym_rows.py checks the rows against the released
+NeMo Gym's row models). Into the step directory go
 
     nemo-rl/train.jsonl             the ordered NeMo Gym rows
     nemo-rl/grpo.yaml | mopd.yaml   the config over NeMo RL's Nemotron 3 Nano Gym base, logging

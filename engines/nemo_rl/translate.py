@@ -11,7 +11,8 @@ rows are NeMo Gym rows (data/rl_rows.py), so the translation targets NeMo RL's N
     unsupported(stage, ...)      our enabled features that NeMo RL cannot express: (field, why) each
     unsupported_distill(...)     the same for the distill block
     ordered_rows(...)            the difficulty filter and the Gaussian curriculum, realised as data:
-                                 every step's prompts in step order, read with `data.shuffle: false`
+                                 every step's prompts in step order, read with `data.shuffle: false`,
+                                 each as NeMo Gym reads it (gym_row: its agent_ref, Responses-API tools)
     argv(config_path, overrides) the entry (`python examples/nemo_gym/run_grpo_nemo_gym.py --config ...`)
     export_argv(config, out)     NeMo RL's own converter of the run's last checkpoint to Hugging Face
 
@@ -503,17 +504,54 @@ def ordered_rows(rows: Mapping[str, RLRow], by_domain: Mapping[str, Sequence[tup
     dynamic-sampling refill reads the next step's). `spare_batches` more follow, drawn as refills
     of the last step (attempts 1, 2, ...), so refills never exhaust the rows before the last step:
     NeMo RL ends at the end of its data, short of max_num_steps. `agent_of` names the NeMo Gym
-    agent of a row (by prompt id) without an `agent_ref`."""
+    agent of a row (by prompt id) without an `agent_ref`; each row is written as gym_row gives it."""
     sampler = CurriculumSampler({d: list(v) for d, v in by_domain.items()}, dict(ratios), batch_size,
                                 total_steps, curriculum, seed)
     draws = [(step, 0) for step in range(1, total_steps + 1)] + [(total_steps, a) for a in range(1, spare_batches + 1)]
     out = []
     for step, attempt in draws:
         for pid in sampler.sample(step, attempt):
-            row = rows[pid]
-            if agent_of is not None and "agent_ref" not in row.as_json():
-                row = RLRow.model_validate({**row.as_json(), "agent_ref": {"type": AGENT_TYPE, "name": agent_of(pid)}})
-            out.append(row)
+            out.append(gym_row(rows[pid], agent_of(pid) if agent_of is not None else None))
+    return out
+
+
+def gym_row(row: RLRow, agent: str | None = None) -> RLRow:
+    """The row as NeMo Gym reads it: `agent_ref` set to `agent` where the row names none, and its
+    tools as Responses-API tools (responses_tools); the row itself where nothing changes."""
+    obj = row.as_json()
+    changed: dict[str, Any] = {}
+    if agent is not None and "agent_ref" not in obj:
+        changed["agent_ref"] = {"type": AGENT_TYPE, "name": agent}
+    params = obj["responses_create_params"]
+    if "tools" in params:
+        tools = responses_tools(params["tools"])
+        if tools is None or tools != params["tools"]:
+            changed["responses_create_params"] = {k: v for k, v in {**params, "tools": tools}.items()
+                                                  if k != "tools" or v is not None}
+    return RLRow.model_validate({**obj, **changed}) if changed else row
+
+
+def responses_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tool definitions as the Responses API has them, which NeMo Gym validates
+    (`responses_create_params.tools` is a list of openai's ToolParam; a function tool is flat:
+    `{"type": "function", "name", "description", "parameters", "strict"}`, name, parameters and strict
+    required). Our rows carry Chat-Completions definitions (`{"type": "function", "function": {...}}`,
+    data/world/calculator.py), which it rejects: each becomes the flat form, `strict` false unless given
+    (the Chat-Completions default). Other tools are kept; None (no tools) stays None, dropped by gym_row."""
+    if tools is None:
+        return None
+    out = []
+    for tool in tools:
+        fn = tool.get("function") if tool.get("type") == "function" else None
+        if isinstance(fn, dict) and "name" not in tool:
+            flat = {"type": "function", "name": fn["name"]}
+            if "description" in fn:
+                flat["description"] = fn["description"]
+            flat["parameters"] = fn.get("parameters")
+            flat["strict"] = fn.get("strict", False)
+            out.append(flat)
+        else:
+            out.append(tool)
     return out
 
 
@@ -567,6 +605,6 @@ def export_argv(config: Mapping[str, Any], hf_dir: str | os.PathLike, *, image: 
 
 __all__ = ["AGENT_TYPE", "BASE_CONFIG", "DCP_CONVERTER", "DEFAULT_ROOT", "ENTRY", "GYM_POLICY_SERVER",
            "MEGATRON_CONVERTER", "MEGATRON_ITERATION", "NEMO_RL_COMMIT", "DistillBlock", "MlflowTarget", "RLBlock",
-           "Unsupported", "argv", "distill_config", "export_argv", "grpo_config", "last_checkpoint", "minibatches",
-           "ordered_rows", "rollout_steps", "teacher_routes", "unsupported", "unsupported_distill", "write_config",
-           "write_ordered_rows"]
+           "Unsupported", "argv", "distill_config", "export_argv", "grpo_config", "gym_row", "last_checkpoint",
+           "minibatches", "ordered_rows", "responses_tools", "rollout_steps", "teacher_routes", "unsupported",
+           "unsupported_distill", "write_config", "write_ordered_rows"]

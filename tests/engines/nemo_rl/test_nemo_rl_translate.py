@@ -659,6 +659,29 @@ def test_spare_batches_follow_the_steps_as_refills_of_the_last():
     assert [str(r.id) for r in spared[12:]] == sampler.sample(3, 1) + sampler.sample(3, 2)
 
 
+def test_rows_reach_nemo_gym_with_responses_api_tools():
+    """NeMo Gym validates `responses_create_params.tools` as Responses-API tools (flat function tools,
+    name/parameters/strict required): our Chat-Completions definitions are flattened, others kept."""
+    from stagewise.data.world.calculator import TOOL
+
+    flat = {"type": "function", "name": "lookup", "parameters": None, "strict": True}
+    row = RLRow.model_validate({"id": "c-0", "responses_create_params": {"input": "q", "tools": [TOOL, flat]},
+                                "expected_answer": 3, "expression": "1 + 2"})
+    got = nemo_rl.gym_row(row, "calc_agent").as_json()
+    fn = TOOL["function"]
+    assert got["responses_create_params"]["tools"] == [
+        {"type": "function", "name": "calculator", "description": fn["description"], "parameters": fn["parameters"],
+         "strict": False}, flat]
+    assert got["agent_ref"] == {"type": "responses_api_agents", "name": "calc_agent"}
+    assert {k: got[k] for k in ("id", "expected_answer", "expression")} == {"id": "c-0", "expected_answer": 3,
+                                                                          "expression": "1 + 2"}
+    assert row.as_json()["responses_create_params"]["tools"] == [TOOL, flat]  # the row itself is unchanged
+    plain = RLRow.model_validate({"responses_create_params": {"input": "q"}, "agent_ref": {"name": "a"}})
+    assert nemo_rl.gym_row(plain, "other") is plain  # nothing to change: the same row (its source line reused)
+    no_tools = RLRow.model_validate({"responses_create_params": {"input": "q", "tools": None}})
+    assert "tools" not in nemo_rl.gym_row(no_tools).as_json()["responses_create_params"]  # Gym's tools is a list
+
+
 # ---------------------------------------------------------------------------------------------
 # rollout.minibatches: k optimizer updates per rollout step
 
