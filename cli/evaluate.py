@@ -57,7 +57,7 @@ def eval_cmd(
     checkpoint: Path = typer.Argument(..., help="Checkpoint directory (HF format, with config.json).", show_default=False),
     suite: Optional[str] = typer.Option(None, "--suite", help="Suite name from the recipe's `eval` block."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="Recipe whose `eval` block defines --suite."),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated lm-eval tasks, tags or groups instead of a suite (e.g. world, or world_lookup,arc_easy)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated tasks instead of a suite: local ones by name or tag (world, world_lookup), a standard lm-eval task on your files as NAME@FOLDER (gsm8k@data/gsm8k), chat:NAME@FOLDER through the model's chat template."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N items per task (a quick look)."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, help="Sequences per forward pass."),
     device: str = typer.Option("auto", "--device", help="auto (the recipe's runtime.device with --recipe, else cuda when present, else cpu), cpu or cuda."),
@@ -68,12 +68,15 @@ def eval_cmd(
     """Score a checkpoint on lm-eval benchmarks: a suite from a recipe, or tasks by name.
 
     Local tasks about the demo world (world_arithmetic, world_lookup, ..., tag `world`)
-    run offline; standard lm-eval task names work too.
+    run offline. A standard lm-eval task runs on files you have, never the hub: NAME@FOLDER
+    with one file per split (test.jsonl, train.parquet, ...); a missing file or column
+    exits 2 naming what to provide. chat:NAME@FOLDER renders through the model's template.
 
     \b
     Example:
       stagewise eval runs/tiny/stages/pretrain-*/step-00000360 --suite chat --recipe recipes/tiny.yaml --limit 20
       stagewise eval runs/tiny/stages/pretrain-*/step-00000360 --tasks world --json
+      stagewise eval CKPT --tasks gsm8k@evaldata/gsm8k,arc_easy@evaldata/arc_easy --limit 50
     """
     names = _eval_tasks(suite, recipe, tasks, overrides)
     from stagewise.model.checkpoint_check import check_checkpoint

@@ -1,13 +1,17 @@
 """Benchmarks through lm-eval on a model already in memory, and suites named in a recipe.
 
-    result = run_tasks(model, tokenizer, ["world"], limit=20)
-    result.metrics["world_arithmetic/exact_match"]
+    result = run_tasks(model, tokenizer, ["world", "gsm8k@evaldata/gsm8k"], limit=20)
+    result.metrics["world_arithmetic/exact_match"], result.metrics["gsm8k/exact_match/strict-match"]
 
 A training flow evaluates the weights it holds (no reload from disk) through lm-eval's
-HFLM; `run_checkpoint` does the same for a checkpoint directory. Our local `world_*` tasks
-(eval/tasks/) and lm-eval's standard task names work side by side. lm-eval imports take
-seconds and indexing its 14,000 standard tasks takes ~12 s more, so both happen only when
-needed: a request that names only local tasks never indexes the standard ones.
+HFLM; `run_checkpoint` does the same for a checkpoint directory. A suite entry
+(eval/task_spec.py) is one of our local `world_*` tasks (eval/tasks/), or a standard lm-eval
+task on local files (`gsm8k@FOLDER`, eval/standard_tasks.py), optionally through the model's
+chat template (`chat:gsm8k@FOLDER`). Nothing is downloaded: a standard task without its files
+is refused. lm-eval's TaskManager indexes only our local tasks (instant); a standard task is
+built from its own YAML, found by name (eval/lm_eval_tasks.py), so lm-eval's ~14,000 task
+files are never indexed (12-30 s). Every entry is checked, and every standard task built on
+its files, before the model is wrapped.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from stagewise.data.errors import BadInput
+from stagewise.eval.standard_tasks import StandardTask, UnknownTaskError, check_standard
+from stagewise.eval.task_spec import CHAT_PREFIX, TaskSpec, parse_task
+from stagewise.eval.task_yaml import task_config
 from stagewise.eval.tasks import TASKS_DIR
 
 
@@ -42,10 +48,6 @@ class UnknownSuiteError(ValueError):
     """A suite name the recipe's `eval` block does not define."""
 
 
-class UnknownTaskError(ValueError):
-    """A task name neither lm-eval nor eval/tasks/ knows."""
-
-
 def resolve_suite(recipe_eval: dict[str, list[str]], name: str) -> list[str]:
     """The task list of suite `name`, or an error that lists the suites the recipe defines."""
     if name in recipe_eval:
@@ -58,25 +60,114 @@ def resolve_suite(recipe_eval: dict[str, list[str]], name: str) -> list[str]:
 
 
 @cache
-def _task_manager(with_defaults: bool):
+def _task_manager():
+    """lm-eval's TaskManager over our local tasks only (lm-eval's own are built from their YAML, never indexed)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=str(TASKS_DIR), include_defaults=with_defaults)
+    return TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+
+
+@dataclass(frozen=True)
+class SuiteTasks:
+    """A task list checked: the local names as lm-eval knows them, the standard tasks with their files."""
+
+    local: list[str]
+    standard: list[StandardTask]
+
+
+def check_tasks(tasks: list[str]) -> SuiteTasks:
+    """Every entry of `tasks` checked, reading no more than a row per data file (the harness's first
+    step): BadInput listing every problem, UnknownTaskError when all of them are unknown names."""
+    suite, problems, unknown = _check(tasks)
+    if problems:
+        raise (UnknownTaskError if unknown == len(problems) else BadInput)([why for _, why in problems])
+    return suite
+
+
+def suite_problems(tasks: list[str]) -> list[tuple[int, str]]:
+    """(index, why) for each problem of a suite's entries: what the recipe loader reports, per entry."""
+    return _check(tasks)[1]
+
+
+def _check(tasks: list[str]) -> tuple[SuiteTasks, list[tuple[int, str]], int]:
+    """(the entries sorted out, (index, why) of every problem, how many problems are unknown names)."""
+    local_names = sorted(local_tasks()) + sorted(local_tags())
+    local: list[str] = []
+    standard: list[StandardTask] = []
+    problems: list[tuple[int, str]] = []
+    unknown = 0
+    seen: dict[str, str] = {}
+    for i, text in enumerate(tasks):
+        try:
+            spec = parse_task(text)
+        except ValueError as e:
+            problems.append((i, str(e)))
+            continue
+        if spec.name in seen:
+            problems.append((i, f"{text}: {spec.name} is already in the list (as {seen[spec.name]}); its metrics "
+                                f"would collide, so give each variant its own suite"))
+            continue
+        seen[spec.name] = text
+        if spec.name in local_names:
+            problems += [(i, why) for why in _local_entry_problems(spec)]
+            local.append(spec.name)
+            continue
+        try:
+            standard.append(check_standard(spec, local_names))
+        except UnknownTaskError as e:
+            problems, unknown = problems + [(i, why) for why in e.problems], unknown + len(e.problems)
+        except BadInput as e:
+            problems += [(i, why) for why in e.problems]
+    return SuiteTasks(local, standard), problems, unknown
+
+
+def _local_entry_problems(spec: TaskSpec) -> list[str]:
+    out = []
+    if spec.data:
+        out.append(f"{spec.text}: {spec.name} is a local task with its own items (eval/tasks/data/); drop @{spec.data}")
+    if spec.chat:
+        out.append(f"{spec.text}: {CHAT_PREFIX} renders a standard task's prompts with the chat template; the local "
+                   f"tasks' items are already written as the model reads them (world_chat_format's as chat turns)")
+    return out
+
+
+def _build_standard(tm, tasks: list[StandardTask]) -> list[tuple[StandardTask, Any]]:
+    """Each standard task built by lm-eval on its files (its first row rendered): BadInput naming what failed."""
+    import jinja2
+
+    built, problems = [], []
+    for t in tasks:
+        try:
+            built.append((t, tm.load([t.lm_eval_config()])["tasks"][t.name]))
+        except (KeyError, jinja2.exceptions.UndefinedError) as e:
+            problems.append(f"{t.spec.text}: the task reads {e} from a row and its files lack it "
+                            f"(columns of its first rows: {', '.join(_first_columns(t))})")
+        except (ValueError, ImportError) as e:
+            problems.append(f"{t.spec.text}: lm-eval cannot build the task on its files: {type(e).__name__}: {e}")
+    if problems:
+        raise BadInput(problems)
+    return built
+
+
+def _first_columns(task: StandardTask) -> list[str]:
+    from stagewise.eval.local_data import first_row
+
+    return sorted({c for ps in task.files.values() for p in ps for c in (first_row(p) or {})})
 
 
 def task_manager(tasks: list[str]):
-    """Our local tasks alone when they cover `tasks` (instant), else with lm-eval's standard ones."""
-    local = _task_manager(False)
-    if all(t in local.all_tasks for t in tasks):
-        return local
-    full = _task_manager(True)
-    unknown = [t for t in tasks if t not in full.all_tasks]
-    if unknown:
-        near = difflib.get_close_matches(unknown[0], full.all_tasks, n=3)
-        hint = f" (nearest: {', '.join(near)})" if near else ""
-        raise UnknownTaskError(f"unknown lm-eval task(s) {', '.join(unknown)}{hint}; local tasks: "
-                               f"{', '.join(local.all_tasks)}")
-    return full
+    """The TaskManager `run_tasks` uses, once every entry is checked and every standard task built on
+    its files: bad input (an unknown name, a missing file or column) fails here, before a model loads."""
+    return _prepare(list(tasks))[1]
+
+
+def _prepare(tasks: list[str]) -> tuple[SuiteTasks, Any, list[tuple[StandardTask, Any]]]:
+    """(the entries checked, the TaskManager, each standard task built by lm-eval on its files)."""
+    suite = check_tasks(tasks)
+    _quiet_lm_eval()
+    tm = _task_manager()
+    with terminal_prints():  # library chatter goes to the terminal, not into an orchestrator's log
+        return suite, tm, _build_standard(tm, suite.standard)
 
 
 class _Quiet(logging.Filter):
@@ -167,36 +258,28 @@ def metric_name(task: str, metric: str, filt: str, filters: int) -> str:
     return f"{task}/{metric}" if filt == "none" or filters == 1 else f"{task}/{metric}/{filt}"
 
 
-class _TaskYaml(yaml.SafeLoader):
-    """lm-eval task YAML: `!function module.name` read as its text (nothing is imported)."""
-
-
-_TaskYaml.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
-
-
-def _task_config(path: Path) -> dict[str, Any]:
-    """One task YAML with its `include` chain merged (the including file's keys win), as lm-eval reads it."""
-    config = yaml.load(path.read_text(encoding="utf-8"), Loader=_TaskYaml) or {}
-    base = config.pop("include", None)
-    return {**_task_config(path.parent / base), **config} if base else config
-
-
 @cache
 def local_tasks() -> dict[str, dict[str, Any]]:
     """Every local task of eval/tasks/ (a YAML with a `task:` name) by name, its config resolved."""
-    configs = [_task_config(p) for p in sorted(TASKS_DIR.glob("*.yaml"))]
+    configs = [task_config(p) for p in sorted(TASKS_DIR.glob("*.yaml"))]
     return {c["task"]: c for c in configs if isinstance(c.get("task"), str)}
+
+
+def local_tags() -> set[str]:
+    """The tags our local tasks carry (`world`)."""
+    return {t for c in local_tasks().values() for t in _as_list(c.get("tag"))}
 
 
 def local_metric_names(names: list[str]) -> tuple[set[str], list[str]]:
     """(the `task/metric` names headline_metrics reports for the local tasks or tags among `names`,
     the names that are not local: lm-eval's standard tasks, whose metrics only lm-eval knows).
+    `names` are suite entries: `chat:gsm8k@FOLDER` counts as gsm8k.
 
     A task's names are its metric_list under each entry of its filter_list (lm-eval's `none`
     when it has none); a tag stands for every local task carrying it."""
     tasks, outside = local_tasks(), []
     chosen: list[dict[str, Any]] = []
-    for name in names:
+    for name in map(_task_name, names):
         tagged = [c for c in tasks.values() if name in _as_list(c.get("tag"))]
         chosen += [tasks[name]] if name in tasks else tagged
         outside += [] if name in tasks or tagged else [name]
@@ -208,37 +291,71 @@ def local_metric_names(names: list[str]) -> tuple[set[str], list[str]]:
     return out, outside
 
 
+def _task_name(entry: str) -> str:
+    try:
+        return parse_task(entry).name
+    except ValueError:
+        return entry
+
+
 def _as_list(value: Any) -> list:
     return value if isinstance(value, list) else ([] if value is None else [value])
 
 
 def run_tasks(model, tokenizer, tasks: list[str], *, limit: int | float | None = None, batch_size: int = 8,
               max_length: int | None = None, device: str = "cpu", seed: int = 1234) -> EvalResult:
-    """Evaluate an in-memory causal LM on lm-eval tasks, tags or groups (e.g. ["world"]).
+    """Evaluate an in-memory causal LM on suite entries (e.g. ["world", "chat:gsm8k@evaldata/gsm8k"]).
 
     `limit` caps the items per task (a fraction below 1 is a share). The model is put in
     eval mode for the run and handed back in the mode it came in. `max_length` (context
-    + generation) defaults to the model's max_position_embeddings.
+    + generation) defaults to the model's max_position_embeddings. The `chat:` tasks run in a
+    second lm-eval pass with `apply_chat_template` and `fewshot_as_multiturn`: HFLM renders each
+    prompt, few-shot examples as earlier turns, with the tokenizer's own chat template (a
+    tokenizer without one is refused). `raw["chat_tasks"]` names them.
     """
     if not tasks:
         raise ValueError("no tasks given")
-    tm = task_manager(list(tasks))  # unknown names fail here, before the model is wrapped
-    _quiet_lm_eval()
+    suite, tm, built = _prepare(list(tasks))  # bad entries fail here, before the model is wrapped
+    chat = [t.spec.text for t, _ in built if t.spec.chat]
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise BadInput(f"{', '.join(chat)}: a {CHAT_PREFIX} task renders its prompts with the tokenizer's chat "
+                       f"template, and this tokenizer has none (evaluate a checkpoint whose tokenizer carries one, "
+                       f"or drop {CHAT_PREFIX})")
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
+    passes = [(suite.local + [task for t, task in built if not t.spec.chat], False),
+              ([task for t, task in built if t.spec.chat], True)]
     was_training = model.training  # before HFLM, which switches the model to eval mode itself
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length, device=device)
     model.eval()
+    outs = []
     try:
         with terminal_prints():  # library chatter goes to the terminal, not into an orchestrator's log
-            out = simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=tm, log_samples=False,
-                                  random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                                  fewshot_random_seed=seed)
+            for group, as_chat in passes:
+                if group:
+                    outs.append(simple_evaluate(model=lm, tasks=group, limit=limit, task_manager=tm, log_samples=False,
+                                                apply_chat_template=as_chat, fewshot_as_multiturn=as_chat,
+                                                random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                                                fewshot_random_seed=seed))
     finally:
         model.train(was_training)
-    raw = _plain(out or {})
+    raw = _merge([_plain(o or {}) for o in outs]) | {"chat_tasks": [t.name for t, _ in built if t.spec.chat]}
     return EvalResult(headline_metrics(raw.get("results", {})), raw)
+
+
+_PER_TASK = ("results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better", "n-samples")
+"""The keys of lm-eval's output that hold one entry per task (merged across passes)."""
+
+
+def _merge(outs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One lm-eval output from the plain and the chat pass: per-task entries together, the rest from the first."""
+    merged = dict(outs[0]) if outs else {}
+    for out in outs[1:]:
+        for key in _PER_TASK:
+            if isinstance(out.get(key), dict):
+                merged[key] = {**(merged.get(key) or {}), **out[key]}
+    return merged
 
 
 def run_checkpoint(ckpt_dir: str | Path, tasks: list[str], **kwargs: Any) -> EvalResult:

@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
 from stagewise.data.config import DataConfig, TokenizerConfig
+from stagewise.eval.task_spec import SuiteEntry
 from stagewise.model.config import ModelConfig
 from stagewise.model.runtime import RuntimeConfig
 from stagewise.recipe.blocks.distill import DistillStage
@@ -78,8 +79,12 @@ class Recipe(StrictConfig):
     """The tokenizer."""
     data: DataConfig
     """Pretraining sources."""
-    eval: dict[str, list[str]] = Field(default_factory=dict)
-    """Named evaluation suites: suite name -> task names."""
+    eval: dict[str, list[SuiteEntry]] = Field(default_factory=dict)
+    """Named evaluation suites: suite name -> entries. An entry is a local task or tag of eval/tasks/
+    (`world_lookup`, `world`), or a standard lm-eval task on local files, `gsm8k@FOLDER` (a folder,
+    relative to the current directory, with one JSONL or Parquet file per split the task reads;
+    nothing is downloaded), run through the model's chat template as `chat:gsm8k@FOLDER`
+    (eval/task_spec.py). The loader checks each against its task and files (recipe/checks.py)."""
     stages: StagesConfig = Field(default_factory=StagesConfig)
     """The stages to run, in pipeline order."""
 

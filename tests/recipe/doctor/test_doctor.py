@@ -184,7 +184,10 @@ def test_gate_metrics_no_evaluation_logs(tmp_path):
 def test_sft_gates_know_the_held_out_names_and_skip_standard_tasks(tmp_path):
     conds = "{metric: eval/sft_heldout/exact_match_arithmetic, op: '>', value: 0.1}, {metric: eval/hellaswag/acc, op: '>', value: 0}"
     gate = GATE.format(conds=conds, guard="eval/validation/loss").replace("suite: chat", "suite: std")
-    [f] = only(check(tmp_path, "eval.std=[hellaswag]", f"stages.sft.stages[0].gate={gate}"), "gate-metric")
+    hs = tmp_path / "hellaswag"  # a standard task runs on the team's own files (eval/standard_tasks.py)
+    hs.mkdir()
+    (hs / "validation.jsonl").write_text('{"ctx_a": "A", "ctx_b": "b", "activity_label": "L", "endings": ["x"], "label": "0"}\n')
+    [f] = only(check(tmp_path, f"eval.std=[hellaswag@{hs}]", f"stages.sft.stages[0].gate={gate}"), "gate-metric")
     assert f.field == "stages.sft.stages[0].gate.guards[0].metric"  # SFT scores held-out conversations, not validation
 
 
