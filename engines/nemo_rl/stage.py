@@ -4,9 +4,12 @@ Our side keeps what NeMo RL has no hook for and hands it over as data: the diffi
 filter and the curriculum become the rows themselves (engines/nemo_rl/translate.py's ordered_rows: each
 rollout step's prompts in step order, then spare refill batches so that dynamic sampling never
 ends the run short of its last step). Each row carries the NeMo Gym agent that verifies it (its
-own `agent_ref`, else `nemo_gym.agents` of its verifier) and its tools as Responses-API tools
-(translate.gym_row; tests/engines/nemo_rl/test_real_gym_rows.py checks the rows against the released
-NeMo Gym's row models). Into the step directory go
+own `agent_ref`, else `nemo_gym.agents` of its verifier), for an agent of a resources server in
+translate.GYM_SERVERS the fields that server's verify request reads (e.g. math_with_judge:
+`expected_answer` as text, `question`), and its tools as Responses-API tools (translate.gym_row;
+tests/engines/nemo_rl/test_real_gym_rows.py checks the rows against the released NeMo Gym's row
+models and those servers' verify requests). A row whose answer its server cannot take is refused
+(BadInput, exit 2) before anything launches. Into the step directory go
 
     nemo-rl/train.jsonl             the ordered NeMo Gym rows
     nemo-rl/grpo.yaml | mopd.yaml   the config over NeMo RL's Nemotron 3 Nano Gym base, logging
@@ -81,6 +84,17 @@ def _launches(config: dict[str, Any], name: str, launch: LaunchConfig, out_dir: 
     return EnginePlan(steps=steps, export_dir=export, step=step, tokens=0)
 
 
+def _write_rows(at: str, out_dir: Path, rows, by_domain, **kwargs) -> Path:
+    """`nemo-rl/train.jsonl` (translate.write_ordered_rows); a row whose answer its agent's resources
+    server cannot take is BadInput (exit 2) naming `<at>.nemo_gym.agents`."""
+    try:
+        return nemo_rl.write_ordered_rows(out_dir / RUN_DIR / "train.jsonl", rows, by_domain, **kwargs)
+    except ValueError as e:
+        from stagewise.data.errors import BadInput
+
+        raise BadInput(f"{at}.nemo_gym.agents: engine nemo_rl: {e} (or use engine torch)") from None
+
+
 def rl_plan(stage, *, start: str, rows: dict[str, Any], agents: dict[str, str],
             by_domain: dict[str, list[tuple[str, float]]], ratios: dict[str, float], max_prompt_tokens: int,
             out_dir: Path, seed: int, mlflow: MlflowTarget) -> EnginePlan:
@@ -89,10 +103,9 @@ def rl_plan(stage, *, start: str, rows: dict[str, Any], agents: dict[str, str],
     order our sampler would draw them, the GRPO config, the launches."""
     rollout_steps = nemo_rl.rollout_steps(stage)
     refills = stage.rollout.max_refills if not stage.rollout.off_policy else 0  # dynamic sampling: sync only
-    train = nemo_rl.write_ordered_rows(out_dir / RUN_DIR / "train.jsonl", rows, by_domain, ratios=ratios,
-                                       batch_size=stage.prompts_per_step, total_steps=rollout_steps,
-                                       curriculum=stage.curriculum, seed=seed, agent_of=agents.__getitem__,
-                                       spare_batches=rollout_steps * refills)
+    train = _write_rows("stages.rl", out_dir, rows, by_domain, ratios=ratios, batch_size=stage.prompts_per_step,
+                        total_steps=rollout_steps, curriculum=stage.curriculum, seed=seed,
+                        agent_of=agents.__getitem__, spare_batches=rollout_steps * refills)
     config = nemo_rl.grpo_config(stage, model=start, launch=stage.launch, run_dir=out_dir / RUN_DIR,
                                  train_path=str(train), gym_config_paths=stage.nemo_gym.config_paths,
                                  max_prompt_tokens=max_prompt_tokens, mlflow=mlflow, seed=seed)
@@ -107,9 +120,8 @@ def distill_plan(stage, *, student: str, teachers: dict[str, str], rows: dict[st
     agent of their domains' rows, the launches."""
     from stagewise.engines.nemo_rl.checks import domain_agents
 
-    train = nemo_rl.write_ordered_rows(out_dir / RUN_DIR / "train.jsonl", rows, by_domain, ratios=ratios,
-                                       batch_size=stage.prompts_per_step, total_steps=stage.steps, curriculum=None,
-                                       seed=seed, agent_of=agents.__getitem__)
+    train = _write_rows("stages.distill", out_dir, rows, by_domain, ratios=ratios, batch_size=stage.prompts_per_step,
+                        total_steps=stage.steps, curriculum=None, seed=seed, agent_of=agents.__getitem__)
     per_domain = {d: {agents[i] for i, _ in ids} for d, ids in by_domain.items()}
     routes, clashes = domain_agents(per_domain, "stages.distill")
     if clashes:

@@ -12,7 +12,8 @@ rows are NeMo Gym rows (data/rl_rows.py), so the translation targets NeMo RL's N
     unsupported_distill(...)     the same for the distill block
     ordered_rows(...)            the difficulty filter and the Gaussian curriculum, realised as data:
                                  every step's prompts in step order, read with `data.shuffle: false`,
-                                 each as NeMo Gym reads it (gym_row: its agent_ref, Responses-API tools)
+                                 each as NeMo Gym reads it (gym_row: its agent_ref, Responses-API tools,
+                                 the fields its agent's resources server verifies with: GYM_SERVERS)
     argv(config_path, overrides) the entry (`python examples/nemo_gym/run_grpo_nemo_gym.py --config ...`)
     export_argv(config, out)     NeMo RL's own converter of the run's last checkpoint to Hugging Face
 
@@ -37,6 +38,7 @@ on our engine (or accept the difference knowingly). Nothing of NeMo RL is import
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -72,6 +74,43 @@ GYM_POLICY_SERVER = "responses_api_models/vllm_model/configs/vllm_model_for_trai
 """The NeMo Gym model server every Gym run lists first (grpo_nanov3.yaml: "Required! And it must be *for_training")."""
 AGENT_TYPE = "responses_api_agents"
 """`agent_ref.type` of a NeMo Gym row (data/rl_rows.py)."""
+GYM_SERVERS: dict[str, frozenset[str]] = {
+    "math_with_judge": frozenset({"exact_answer"}),
+    "string_match": frozenset({"exact_answer", "sorting"}),
+    "equivalence_rule": frozenset({"exact_answer", "sorting"}),
+    "structured_outputs": frozenset({"json_answer"}),
+}
+"""The NeMo Gym resources servers (directories under resources_servers/, read in nemo-gym 0.7.0) whose
+verify request gym_row writes our rows for, each with our verifiers (eval/environments) it can verify.
+An agent's server is the one its name contains (gym_server); a verifier mapped to an agent of a server
+here that is not listed for it is refused (unsupported: `nemo_gym.agents.<verifier>`). What each reads
+of a row (its app.py `<...>VerifyRequest`: the row's fields beside `responses_create_params` and the
+policy's `response`), and what gym_row writes:
+
+    math_with_judge     LibraryJudgeMathVerifyRequest: `question: str`, `expected_answer: str`
+                        (pydantic's str refuses an int). It wraps expected_answer as
+                        `\\boxed{<it>}` for math-verify, so the answer's text as a math verifier
+                        parses it: str(n) for a number ("42", "-20"), a text kept; `question` the
+                        prompt's last user message. Not sorting: math-verify reads "1, 2, 3" as a set
+                        (3, 2, 1 verifies), so the order is lost; not json_answer/uppercase/calculator.
+                        Note: its /verify scores 0 a response without `\\boxed{...}`, which our
+                        prompts do not ask for.
+    string_match        StringMatchVerifyRequest: `expected_answer: str`, `extraction_mode`
+                        ("final_answer" unless given), `case_sensitive` (false). The answer's text
+                        (a list as ", ".join of its items: its grader keeps the order, and reads
+                        "1,2,3" and "1 2 3" as "1, 2, 3"); `extraction_mode: "full_response"` where
+                        the row gives none: our verifiers judge the whole answer, and the default
+                        mode finds nothing in a bare one. Not uppercase (it folds case by default),
+                        json_answer, calculator.
+    equivalence_rule    EquivalenceRuleVerifyRequest (NeMo Gym's agent: lc_equivalence_rule_simple_agent):
+                        `expected_answer: str`, compared with the whole response lower-cased,
+                        whitespace collapsed: the answer's text as for string_match.
+    structured_outputs  StructuredOutputsVerifyRequest: `schema_str: str` (a JSON schema the
+                        response must parse and validate as; no expected_answer): for json_answer the
+                        object {"answer": <expected_answer>} as `const` (the server adds required and
+                        additionalProperties false). Stricter than ours: "12" does not match 12.
+
+Rows that name their own `agent_ref` are NeMo Gym's already and are left as they are."""
 MEGATRON_CONVERTER = "examples/converters/convert_megatron_to_hf.py"
 """NeMo RL's converter of a Megatron policy checkpoint (`step_<n>/policy/weights/iter_0000000`) to HF;
 it needs Megatron-Core, which NeMo RL's image keeps in its uv cache (`uv run --extra mcore`, the
@@ -465,6 +504,10 @@ def _shared(stage: Any, ro: SamplingSettings, environments: Iterable[str], gym_a
         if env not in gym:
             out.append((f"environment.{env}", f"our verifier {env!r} (eval/environments) runs in our process; "
                         "NeMo RL scores rows with NeMo Gym servers (env.nemo_gym): give a Gym agent for it"))
+        elif (server := gym_server(gym[env])) is not None and env not in GYM_SERVERS[server]:
+            out.append((f"environment.{env}", f"NeMo Gym agent {gym[env]!r} verifies with the {server} resources "
+                        f"server, which cannot verify our {env!r} rows: {_CANNOT[server]}; it verifies "
+                        f"{', '.join(sorted(GYM_SERVERS[server]))} rows"))
     if ro.recompute_old_logprobs:
         out.append(("rollout.recompute_old_logprobs", "NeMo RL's ratio is against the trainer's log-probs under "
                     "the current weights (prev_logprobs); π_old under the sampling weights is not an option"))
@@ -504,7 +547,8 @@ def ordered_rows(rows: Mapping[str, RLRow], by_domain: Mapping[str, Sequence[tup
     dynamic-sampling refill reads the next step's). `spare_batches` more follow, drawn as refills
     of the last step (attempts 1, 2, ...), so refills never exhaust the rows before the last step:
     NeMo RL ends at the end of its data, short of max_num_steps. `agent_of` names the NeMo Gym
-    agent of a row (by prompt id) without an `agent_ref`; each row is written as gym_row gives it."""
+    agent of a row (by prompt id) without an `agent_ref`; each row is written as gym_row gives it
+    (ValueError: a row whose answer its agent's resources server cannot take)."""
     sampler = CurriculumSampler({d: list(v) for d, v in by_domain.items()}, dict(ratios), batch_size,
                                 total_steps, curriculum, seed)
     draws = [(step, 0) for step in range(1, total_steps + 1)] + [(total_steps, a) for a in range(1, spare_batches + 1)]
@@ -515,13 +559,92 @@ def ordered_rows(rows: Mapping[str, RLRow], by_domain: Mapping[str, Sequence[tup
     return out
 
 
+def gym_server(agent: str) -> str | None:
+    """The resources server of GYM_SERVERS a NeMo Gym agent verifies with, from its name: the server
+    whose name the agent's contains as whole `_`-separated words (NeMo Gym's configs name an agent
+    after its server: math_with_judge_simple_agent, lc_equivalence_rule_simple_agent,
+    structured_outputs_v3_simple_agent); None for any other agent, whose rows gym_row leaves as they
+    are. The agent's config (under the user's `config_paths`) lies in NeMo Gym's checkout, where the
+    run is launched, not here: the name is what the recipe check and the stage can read."""
+    words = f"_{agent}_"
+    found = [s for s in GYM_SERVERS if f"_{s}_" in words]
+    return max(found, key=len) if found else None
+
+
+_CANNOT = {
+    "math_with_judge": "it compares one math value (math-verify on \\boxed{expected_answer}: a comma-separated "
+                       "list is read as a set, so a sorting answer's order is lost)",
+    "string_match": "it compares the answer's text with expected_answer, case folded unless case_sensitive",
+    "equivalence_rule": "it compares the whole answer's text with expected_answer, lower-cased",
+    "structured_outputs": "it validates the answer against a JSON schema (schema_str), which only our json_answer "
+                          "rows become",
+}
+
+
+def _answer_text(value: Any, *, lists: bool, agent: str, row_id: Any) -> str:
+    """expected_answer as the text a string-comparing server reads: a str as it is, a number as str()
+    ("42"), a list (when the server keeps order) as ", ".join of its items' texts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if lists and isinstance(value, list) and value and all(
+            isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        return ", ".join(map(str, value))
+    takes = ("a number, a text or a list of them (as text)" if lists else
+             "one math value, a number or a text (math-verify would read a list as a set)")
+    raise ValueError(f"row {row_id}: expected_answer {value!r} cannot be verified by NeMo Gym agent {agent!r}: "
+                     f"{gym_server(agent)} takes {takes}")
+
+
+def _last_user_text(row: RLRow) -> str:
+    value = row.responses_create_params.input
+    if isinstance(value, str):
+        return value
+    users = [m for m in value if m.get("role") == "user"]
+    if not users:
+        raise ValueError(f"row {row.id}: no user message for math_with_judge's `question`")
+    content = users[-1]["content"]
+    return content if isinstance(content, str) else "".join(p["text"] for p in content)
+
+
+def server_fields(row: RLRow, agent: str) -> dict[str, Any]:
+    """The fields the verify request of `agent`'s resources server needs that the row lacks or holds
+    in another form (GYM_SERVERS: what each reads, the forms written); {} for an agent of no server
+    there. ValueError names a row whose answer the server cannot take."""
+    server = gym_server(agent)
+    obj = row.as_json()
+    out: dict[str, Any] = {}
+    if server in ("math_with_judge", "string_match", "equivalence_rule"):
+        text = _answer_text(obj.get("expected_answer"), lists=server != "math_with_judge", agent=agent,
+                            row_id=row.id)
+        if text != obj.get("expected_answer"):
+            out["expected_answer"] = text
+    if server == "math_with_judge" and not isinstance(obj.get("question"), str):
+        out["question"] = _last_user_text(row)
+    if server == "string_match" and "extraction_mode" not in obj:
+        out["extraction_mode"] = "full_response"
+    if server == "structured_outputs" and not isinstance(obj.get("schema_str"), str):
+        answer = obj.get("expected_answer")
+        if answer is None or isinstance(answer, (dict, list)):
+            raise ValueError(f"row {row.id}: expected_answer {answer!r} cannot be verified by NeMo Gym agent "
+                             f"{agent!r} (structured_outputs: {{\"answer\": <a number or a text>}} as its schema)")
+        out["schema_str"] = json.dumps({"type": "object", "properties": {"answer": {"const": answer}},
+                                        "required": ["answer"], "additionalProperties": False})
+    return out
+
+
 def gym_row(row: RLRow, agent: str | None = None) -> RLRow:
-    """The row as NeMo Gym reads it: `agent_ref` set to `agent` where the row names none, and its
-    tools as Responses-API tools (responses_tools); the row itself where nothing changes."""
+    """The row as NeMo Gym reads it: `agent_ref` set to `agent` where the row names none, with the
+    fields the verify request of that agent's resources server reads (server_fields, GYM_SERVERS:
+    e.g. for math_with_judge `expected_answer` "42" for 42 and `question`), and its tools as
+    Responses-API tools (responses_tools); the row itself where nothing changes. A row with its own
+    `agent_ref` is NeMo Gym's already: its fields are kept. ValueError: an answer that server cannot take."""
     obj = row.as_json()
     changed: dict[str, Any] = {}
     if agent is not None and "agent_ref" not in obj:
         changed["agent_ref"] = {"type": AGENT_TYPE, "name": agent}
+        changed.update(server_fields(row, agent))
     params = obj["responses_create_params"]
     if "tools" in params:
         tools = responses_tools(params["tools"])
@@ -603,8 +726,8 @@ def export_argv(config: Mapping[str, Any], hf_dir: str | os.PathLike, *, image: 
             "--hf-ckpt-path", str(hf_dir)]
 
 
-__all__ = ["AGENT_TYPE", "BASE_CONFIG", "DCP_CONVERTER", "DEFAULT_ROOT", "ENTRY", "GYM_POLICY_SERVER",
+__all__ = ["AGENT_TYPE", "BASE_CONFIG", "DCP_CONVERTER", "DEFAULT_ROOT", "ENTRY", "GYM_POLICY_SERVER", "GYM_SERVERS",
            "MEGATRON_CONVERTER", "MEGATRON_ITERATION", "NEMO_RL_COMMIT", "DistillBlock", "MlflowTarget", "RLBlock",
-           "Unsupported", "argv", "distill_config", "export_argv", "grpo_config", "gym_row", "last_checkpoint",
-           "minibatches", "ordered_rows", "responses_tools", "rollout_steps", "teacher_routes", "unsupported",
-           "unsupported_distill", "write_config", "write_ordered_rows"]
+           "Unsupported", "argv", "distill_config", "export_argv", "grpo_config", "gym_row", "gym_server",
+           "last_checkpoint", "minibatches", "ordered_rows", "responses_tools", "rollout_steps", "server_fields",
+           "teacher_routes", "unsupported", "unsupported_distill", "write_config", "write_ordered_rows"]

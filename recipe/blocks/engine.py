@@ -134,7 +134,12 @@ class NemoGym(StrictConfig):
 
     agents: dict[str, str] = Field(default_factory=dict)
     """Our environment (exact_answer, json_answer, ...) -> the NeMo Gym agent that verifies its rows
-    there (written as each row's `agent_ref.name` unless the row names one)."""
+    there (written as each row's `agent_ref.name` unless the row names one). An agent named after one
+    of NeMo Gym's typed resources servers (math_with_judge_simple_agent, string_match_simple_agent,
+    lc_equivalence_rule_simple_agent, structured_outputs_simple_agent: engines/nemo_rl/translate.py
+    GYM_SERVERS) gets its rows in that server's verify request's form (e.g. math_with_judge:
+    `expected_answer` "42" for 42, `question` the last user message), and an environment that server
+    cannot verify (e.g. sorting under math_with_judge) is refused here, exit 2."""
     config_paths: list[str] = Field(default_factory=list)
     """NeMo Gym server configs that serve those agents, as NeMo RL's `env.nemo_gym.config_paths`
     (e.g. resources_servers/math_with_judge/configs/math_with_judge.yaml); the policy's own model

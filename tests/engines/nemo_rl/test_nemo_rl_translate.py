@@ -9,6 +9,7 @@ named beside it. Nothing here is computed by the code under test.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -680,6 +681,99 @@ def test_rows_reach_nemo_gym_with_responses_api_tools():
     assert nemo_rl.gym_row(plain, "other") is plain  # nothing to change: the same row (its source line reused)
     no_tools = RLRow.model_validate({"responses_create_params": {"input": "q", "tools": None}})
     assert "tools" not in nemo_rl.gym_row(no_tools).as_json()["responses_create_params"]  # Gym's tools is a list
+
+
+def test_an_agents_resources_server_comes_from_its_name():
+    """NeMo Gym's configs name an agent after its server (resources_servers/*/configs/*.yaml in 0.7.0)."""
+    assert {a: nemo_rl.gym_server(a) for a in (
+        "math_with_judge_simple_agent", "string_match_simple_agent", "lc_equivalence_rule_simple_agent",
+        "structured_outputs_simple_agent", "structured_outputs_v3_simple_agent", "math_with_judge",
+        "math_agent", "my_math_with_judgement_agent", "mcqa_simple_agent")} == {
+        "math_with_judge_simple_agent": "math_with_judge", "string_match_simple_agent": "string_match",
+        "lc_equivalence_rule_simple_agent": "equivalence_rule",
+        "structured_outputs_simple_agent": "structured_outputs",
+        "structured_outputs_v3_simple_agent": "structured_outputs", "math_with_judge": "math_with_judge",
+        "math_agent": None, "my_math_with_judgement_agent": None, "mcqa_simple_agent": None}
+
+
+def _gym(row: dict, agent: str) -> dict:
+    return nemo_rl.gym_row(RLRow.model_validate(row), agent).as_json()
+
+
+def test_rows_carry_what_their_servers_verify_request_reads():
+    """The typed servers' verify requests (GYM_SERVERS; test_real_gym_rows.py validates them with
+    nemo-gym's own models): expected_answer as text (pydantic's str refuses an int), math_with_judge's
+    `question`, string_match's extraction mode, structured_outputs' `schema_str`."""
+    prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first"},
+              {"role": "assistant", "content": "ok"},
+              {"role": "user", "content": [{"type": "input_text", "text": "5 x 9 = ?"}]}]
+    arith = {"id": "a-0", "environment": "exact_answer", "responses_create_params": {"input": prompt},
+             "expected_answer": 45}
+    got = _gym(arith, "math_with_judge_simple_agent")
+    assert (got["expected_answer"], got["question"]) == ("45", "5 x 9 = ?")  # the last user message
+    assert got["responses_create_params"] == arith["responses_create_params"] and got["environment"] == "exact_answer"
+    assert _gym({**arith, "expected_answer": -2, "responses_create_params": {"input": "1 - 3 = ?"}},
+                "math_with_judge_simple_agent")["question"] == "1 - 3 = ?"
+    kept = _gym({**arith, "question": "What is 5 x 9?"}, "math_with_judge_simple_agent")
+    assert kept["question"] == "What is 5 x 9?"  # a row's own question is kept
+    assert _gym(arith, "string_match_simple_agent") | {"agent_ref": None} == {
+        **arith, "expected_answer": "45", "extraction_mode": "full_response", "agent_ref": None}
+    assert _gym({**arith, "extraction_mode": "boxed"}, "string_match_simple_agent")["extraction_mode"] == "boxed"
+    eq = _gym(arith, "lc_equivalence_rule_simple_agent")
+    assert eq["expected_answer"] == "45" and "question" not in eq and "extraction_mode" not in eq
+    sort = {**arith, "environment": "sorting", "expected_answer": [920, 85, 7]}
+    assert _gym(sort, "string_match_simple_agent")["expected_answer"] == "920, 85, 7"  # order kept, as written
+    assert _gym(sort, "lc_equivalence_rule_simple_agent")["expected_answer"] == "920, 85, 7"
+    js = _gym({**arith, "environment": "json_answer", "expected_answer": -23}, "structured_outputs_simple_agent")
+    assert js["expected_answer"] == -23 and json.loads(js["schema_str"]) == {
+        "type": "object", "properties": {"answer": {"const": -23}}, "required": ["answer"],
+        "additionalProperties": False}
+    assert _gym(arith, "math_agent") == {**arith, "agent_ref": {"type": "responses_api_agents", "name": "math_agent"}}
+    own = RLRow.model_validate({**arith, "agent_ref": {"type": "responses_api_agents",
+                                                       "name": "math_with_judge_simple_agent"}})
+    assert nemo_rl.gym_row(own, "math_with_judge_simple_agent") is own  # NeMo Gym's row already: kept
+    assert arith["expected_answer"] == 45  # the row handed in is unchanged
+
+
+def test_answers_a_server_cannot_take_are_refused():
+    """math-verify reads "1, 2, 3" as a set (3, 2, 1 verifies): a list answer's order would be lost."""
+    sort = {"id": "s-0", "responses_create_params": {"input": "sort 3, 1"}, "expected_answer": [1, 3]}
+    with pytest.raises(ValueError, match=r"row s-0: expected_answer \[1, 3\] cannot be verified by NeMo Gym agent "
+                                         r"'math_with_judge_simple_agent': math_with_judge takes one math value"):
+        nemo_rl.gym_row(RLRow.model_validate(sort), "math_with_judge_simple_agent")
+    for bad, agent in [({"a": 1}, "string_match_simple_agent"), (None, "lc_equivalence_rule_simple_agent"),
+                       (True, "math_with_judge_simple_agent"), ([1, 2], "structured_outputs_simple_agent")]:
+        with pytest.raises(ValueError, match="cannot be verified"):
+            nemo_rl.gym_row(RLRow.model_validate({**sort, "expected_answer": bad}), agent)
+    rows = {"s-0": RLRow.model_validate(sort)}
+    with pytest.raises(ValueError, match="math_with_judge"):  # ordered_rows writes each row with gym_row
+        nemo_rl.ordered_rows(rows, {"sort": [("s-0", 0.5)]}, ratios={"sort": 1.0}, batch_size=1, total_steps=1,
+                             curriculum=None, seed=0, agent_of=lambda _: "math_with_judge_simple_agent")
+
+
+def test_a_verifier_its_agents_server_cannot_verify_is_unsupported():
+    stage = RLStage(data=DATA, steps=60, reasoning=True, rollout=RolloutSettings(off_policy=False))
+    ok = {"exact_answer": "math_with_judge_simple_agent", "sorting": "string_match_simple_agent",
+          "json_answer": "structured_outputs_simple_agent", "uppercase": "uppercase_agent", "calculator": "calc_agent"}
+    assert nemo_rl.unsupported(stage, environments=TINY_ENVS, gym_agents=ok) == []
+    bad = {"exact_answer": "structured_outputs_simple_agent", "sorting": "math_with_judge_simple_agent",
+           "json_answer": "lc_equivalence_rule_simple_agent", "uppercase": "string_match_simple_agent",
+           "calculator": "math_with_judge_simple_agent"}
+    got = dict(nemo_rl.unsupported(stage, environments=TINY_ENVS, gym_agents=bad))
+    assert sorted(got) == [f"environment.{e}" for e in sorted(TINY_ENVS)]
+    assert got["environment.sorting"].startswith(
+        "NeMo Gym agent 'math_with_judge_simple_agent' verifies with the math_with_judge resources server, which "
+        "cannot verify our 'sorting' rows: it compares one math value")
+    assert "a sorting answer's order is lost" in got["environment.sorting"]
+    assert got["environment.uppercase"].endswith("it verifies exact_answer, sorting rows")
+    from stagewise.engines.nemo_rl.checks import refusals
+
+    (path, why, _), = refusals("stages.rl", [("environment.sorting", got["environment.sorting"])])
+    assert path == "stages.rl.nemo_gym.agents.sorting" and why.endswith("(or use engine torch)")
+    distill = DistillStage(teachers=[TeacherSpec(name="t", domains=["math"], checkpoint="/c")], steps=5,
+                           reasoning=True)
+    assert [f for f, _ in nemo_rl.unsupported_distill(distill, environments=["sorting"], gym_agents=bad)] == [
+        "environment.sorting"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,11 +21,14 @@ installed release, none restated here:
              one-message NeMoGymResponse standing in for the policy's answer
 
 `--verify-model MODULE:CLASS` adds a resources server's own verify request, built the same way
-(e.g. resources_servers.string_match.app:StringMatchVerifyRequest), reported under its class name.
+(e.g. resources_servers.string_match.app:StringMatchVerifyRequest), reported under its class name;
+`--verify-model-for AGENT=MODULE:CLASS` the same for the rows whose `agent_ref.name` is AGENT only
+(each row against the verify request of the server its agent posts to).
 
-Prints one JSON object: {"versions": {...}, "rows": N, "ok": {check: rows passed},
-"results": [{"line": n, "id": ..., "ok": {check: bool}, "errors": {check: [{"loc": "a.b", "msg": ...}]}}]}.
-Exit 0 whatever the rows hold (the caller reads the verdicts); 2 for a line that is not a JSON object.
+Prints one JSON object: {"versions": {...}, "rows": N, "ok": {check: rows passed}, "checked": {check:
+rows checked}, "results": [{"line": n, "id": ..., "agent": name, "ok": {check: bool}, "errors": {check:
+[{"loc": "a.b", "msg": ...}]}}]}. Exit 0 whatever the rows hold (the caller reads the verdicts); 2 for a
+line that is not a JSON object or an unknown argument.
 """
 
 from __future__ import annotations
@@ -82,15 +85,24 @@ def check_row(obj: dict, extra_verify: list) -> tuple[dict[str, bool], dict[str,
     return ok, {k: v for k, v in errors.items() if v}
 
 
+def _agent(obj: dict) -> str | None:
+    ref = obj.get("agent_ref")
+    return ref.get("name") if isinstance(ref, dict) else None
+
+
 def main(argv: list[str]) -> int:
-    path, extra = argv[0], []
+    path, extra, per_agent = argv[0], [], {}
     rest = argv[1:]
     while rest:
         flag, value, *rest = rest
-        if flag != "--verify-model":
-            print(f"unknown argument {flag!r}", file=sys.stderr)
+        if flag == "--verify-model":
+            extra.append(_load(value))
+        elif flag == "--verify-model-for" and "=" in value:
+            agent, _, spec = value.partition("=")
+            per_agent.setdefault(agent, []).append(_load(spec))
+        else:
+            print(f"unknown argument {flag!r} {value!r}", file=sys.stderr)
             return 2
-        extra.append(_load(value))
     results = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):
@@ -100,13 +112,15 @@ def main(argv: list[str]) -> int:
             if not isinstance(obj, dict):
                 print(f"{path}:{n}: not a JSON object", file=sys.stderr)
                 return 2
-            ok, errors = check_row(obj, extra)
-            results.append({"line": n, "id": obj.get("id"), "ok": ok, "errors": errors})
-    checks = list(results[0]["ok"]) if results else []
+            agent = _agent(obj)
+            ok, errors = check_row(obj, extra + per_agent.get(agent, []))
+            results.append({"line": n, "id": obj.get("id"), "agent": agent, "ok": ok, "errors": errors})
+    checks = list(dict.fromkeys(c for r in results for c in r["ok"]))
     print(json.dumps({
-        "versions": {d: md.version(d) for d in ("nemo-gym", "openai", "pydantic")},
+        "versions": {d: md.version(d) for d in ("nemo-gym", "openai", "pydantic", "math-verify")},
         "rows": len(results),
-        "ok": {c: sum(r["ok"][c] for r in results) for c in checks},
+        "ok": {c: sum(r["ok"].get(c, False) for r in results) for c in checks},
+        "checked": {c: sum(c in r["ok"] for r in results) for c in checks},
         "results": results,
     }))
     return 0
