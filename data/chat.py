@@ -8,32 +8,49 @@ A conversation is a dict:
                   {"role": "assistant", "content": str | None, "reasoning_content": str,
                    "tool_calls": [{"type": "function", "function": {"name", "arguments"}}]}]}
 
-The one source of truth for the text is the Jinja template data/templates/chat.jinja,
-installed on the tokenizer (`install_chat_template`) so that `apply_chat_template` on a
-saved checkpoint produces exactly what training saw:
+The one source of truth for the text is the checkpoint's own chat template. A tokenizer we
+trained carries none and gets ours, data/templates/chat.jinja (`install_chat_template`), so
+that `apply_chat_template` on a saved checkpoint produces exactly what training saw:
 
     <|im_start|>system\n{system}[\n\n# Tools ...<tools>...</tools>][\n\nreasoning: off]<|im_end|>\n
     <|im_start|>user\n{content}<|im_end|>\n
     <|im_start|>assistant\n<think>\n{reasoning}\n</think>\n{content}[\n]<tool_call>\n{json}\n</tool_call><|im_end|>\n
     <|im_start|>tool\n<tool_response>\n{content}\n</tool_response><|im_end|>\n
 
-`render` asks the template for its `{% generation %}` spans, so the loss mask is exactly the
-assistant turns' bodies (reasoning, content, tool calls) and their closing <|im_end|>: the
-`<|im_start|>assistant\n` header, system, user and tool turns are context only.
+`render_examples` asks the template for its `{% generation %}` spans, so the loss mask is
+exactly the assistant turns' bodies (reasoning, content, tool calls) and their closing
+<|im_end|>: the `<|im_start|>assistant\n` header, system, user and tool turns are context only.
 
-Controllable reasoning: with `reasoning=False` the template drops every reasoning trace and
-ends the system prompt with the line `reasoning: off` (REASONING_OFF_MARKER; a system turn
-holding only that line is created when there is none), so the model learns to answer
-directly when the marker is present. `reasoning_enabled` picks which conversations get
-that treatment: a fixed fraction, chosen by a seeded hash of the conversation id.
+Any other template (a published checkpoint's: Nemotron 3, Qwen3, Llama 3.1) is used as it
+is, never replaced by ours. Every stage writes chats through `chat_text`, so the reasoning
+switch is the model's own (data/reasoning_switch.py) and tool-call arguments are handed over
+in the form the template reads (data/tool_arguments.py); without {% generation %} blocks the
+masks are derived from what the template writes per assistant turn and checked exactly, and
+a template that rewrites earlier turns (not prefix-stable) gives more than one example per
+conversation (data/chat_masks.py): `render_examples` returns them all, `render` the one
+sequence of a conversation that needs only one.
+
+Controllable reasoning: with `reasoning=False` every reasoning trace is dropped and the
+model's switch is set off; ours ends the system prompt with the line `reasoning: off`
+(REASONING_OFF_MARKER; a system turn holding only that line is created when there is none),
+so the model learns to answer directly when the marker is present. `reasoning_enabled` picks
+which conversations get that treatment: a fixed fraction, chosen by a seeded hash of the
+conversation id.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from stagewise.data.chat_masks import Example, derived_examples, generation_examples
+from stagewise.data.errors import BadInput
+from stagewise.data.reasoning_switch import SwitchSetting, resolve_switch, switched
+from stagewise.data.template_call import TemplateCall, has_generation_blocks, template_source
+from stagewise.data.tool_arguments import arguments_form, in_form
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "chat.jinja"
 ROLES = ("system", "user", "assistant", "tool")
@@ -47,8 +64,11 @@ def chat_template() -> str:
 
 
 def install_chat_template(tokenizer: Any) -> Any:
-    """Set the template on a tokenizer (in place; returns it). save_pretrained then writes it."""
-    tokenizer.chat_template = chat_template()
+    """Set our template on a tokenizer that carries none (one we trained; in place; returns it).
+    A tokenizer with a template of its own keeps it: a checkpoint is trained and served with
+    its own template. save_pretrained then writes it."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = chat_template()
     return tokenizer
 
 
@@ -57,16 +77,17 @@ def load_chat_tokenizer(path: str | Path) -> Any:
     memory when it carries none: what `data pack` and `data profile` render conversations with."""
     from stagewise.data.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(Path(path))
-    return tok if getattr(tok, "chat_template", None) else install_chat_template(tok)
+    return install_chat_template(load_tokenizer(Path(path)))
 
 
 def install_chat_template_dir(tokenizer_dir: str | Path) -> Path:
-    """Install the template into a saved tokenizer directory (a checkpoint copies it from there)."""
+    """Install our template into a saved tokenizer directory that carries none (a checkpoint copies
+    it from there); a directory whose tokenizer has a template is left byte for byte as it is."""
     from transformers import AutoTokenizer
 
-    tok = install_chat_template(AutoTokenizer.from_pretrained(str(tokenizer_dir)))
-    tok.save_pretrained(str(tokenizer_dir))
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    if not getattr(tok, "chat_template", None):
+        install_chat_template(tok).save_pretrained(str(tokenizer_dir))
     return Path(tokenizer_dir)
 
 
@@ -103,23 +124,61 @@ def reasoning_enabled(conv: dict, off_fraction: float, seed: int) -> bool:
     return unit_hash(seed, "reasoning:" + conversation_id(conv)) >= off_fraction
 
 
-def render_text(conv: dict, tokenizer: Any, reasoning: bool = True, add_generation_prompt: bool = False) -> str:
-    """The conversation as the template writes it."""
-    return tokenizer.apply_chat_template(conv["messages"], tools=conv.get("tools") or None, tokenize=False,
-                                         add_generation_prompt=add_generation_prompt, reasoning=reasoning)
+def chat_text(messages: list[dict], tokenizer: Any, tools: list | None = None, reasoning: bool = True,
+              add_generation_prompt: bool = False, switch: SwitchSetting = "auto", name: str = "a chat") -> str:
+    """The chat as the tokenizer's own template writes it, `reasoning` said with the model's own
+    switch (`switch`: the recipe's tokenizer.reasoning_switch) and tool-call arguments in the
+    form the template reads: the one way every stage (SFT, RL prompts, held-out prompts,
+    distillation) renders a chat. `name` names it in errors."""
+    messages, call = _prepared(messages, tokenizer, tools, reasoning, switch, lambda: name)
+    return call.text(messages, add_generation_prompt)
 
 
-def render(conv: dict, tokenizer: Any, reasoning: bool = True) -> tuple[list[int], list[int]]:
-    """(input_ids, assistant_mask): the template's tokens and 1 on every supervised token.
+def render_text(conv: dict, tokenizer: Any, reasoning: bool = True, add_generation_prompt: bool = False,
+                switch: SwitchSetting = "auto") -> str:
+    """The conversation as the template writes it (chat_text, named in errors by its id)."""
+    messages, call = _prepared(conv["messages"], tokenizer, conv.get("tools"), reasoning, switch,
+                               lambda: _named(conv))
+    return call.text(messages, add_generation_prompt)
 
-    The tokenizer must carry the template (`install_chat_template`) and be a fast tokenizer
-    (the mask comes from character offsets)."""
+
+def render_examples(conv: dict, tokenizer: Any, reasoning: bool = True,
+                    switch: SwitchSetting = "auto") -> list[Example]:
+    """The conversation's training examples, each (input_ids, assistant_mask): 1 on every supervised
+    token. One example, unless the template is not prefix-stable (data/chat_masks.py).
+
+    The tokenizer must carry a template (`install_chat_template`) and be a fast tokenizer when
+    the template has no {% generation %} blocks (the spans are checked on character offsets);
+    what cannot be masked exactly raises BadInput naming the conversation."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template; call data.chat.install_chat_template first")
-    out = tokenizer.apply_chat_template(conv["messages"], tools=conv.get("tools") or None, tokenize=True,
-                                        return_dict=True, return_assistant_tokens_mask=True, reasoning=reasoning)
-    mask = [int(m) for m in out["assistant_masks"]]
-    if not any(mask) and any(m.get("role") == "assistant" for m in conv["messages"]):
-        raise ValueError("the chat template marks no assistant tokens: it needs {% generation %} blocks "
-                         "(use data.chat.install_chat_template)")
-    return list(out["input_ids"]), mask
+    messages, call = _prepared(conv["messages"], tokenizer, conv.get("tools"), reasoning, switch,
+                               lambda: _named(conv))
+    if has_generation_blocks(template_source(tokenizer, call.tools) or ""):
+        return generation_examples(call, messages)
+    return derived_examples(call, messages)
+
+
+def render(conv: dict, tokenizer: Any, reasoning: bool = True,
+           switch: SwitchSetting = "auto") -> Example:
+    """(input_ids, assistant_mask) of a conversation that trains as one example (every template
+    with {% generation %} blocks, every prefix-stable one); BadInput when the template needs
+    more (what needs the whole conversation as one sequence cannot train it exactly)."""
+    examples = render_examples(conv, tokenizer, reasoning, switch)
+    if len(examples) > 1:
+        raise BadInput(f"{_named(conv)}: the chat template rewrites earlier turns once later ones follow (not "
+                       f"prefix-stable), so it trains as {len(examples)} examples, not one sequence")
+    return examples[0]
+
+
+def _named(conv: dict) -> str:
+    return f"conversation {conversation_id(conv)!r}"
+
+
+def _prepared(messages: list[dict], tokenizer: Any, tools: list | None, reasoning: bool, switch: SwitchSetting,
+              name: Callable[[], str]) -> tuple[list[dict], TemplateCall]:
+    """(messages, call): the messages as the template must see them, and how to call it."""
+    messages, kwargs = switched(messages, resolve_switch(tokenizer, switch), reasoning)
+    if any(m.get("tool_calls") for m in messages):
+        messages = in_form(messages, arguments_form(tokenizer), name())
+    return messages, TemplateCall(tokenizer, tools or None, kwargs, name)

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
+from stagewise.data.reasoning_switch import SwitchSetting
 
 WORLD_PREFIX = "@world/"
 
@@ -29,6 +30,11 @@ class TokenizerConfig(StrictConfig):
     """Source names to train the BPE on (default: all sources)."""
     max_train_chars: int = Field(20_000_000, gt=0)
     """Stop feeding the trainer after this many characters (keeps prepare fast)."""
+    reasoning_switch: SwitchSetting = "auto"
+    """How the chat template turns reasoning off (data/reasoning_switch.py): `auto` detects it from the
+    template (a `reasoning` or `enable_thinking` variable, else none); or {kind: kwarg, name, when_on,
+    when_off}, {kind: system_flag, when_off, when_on} (e.g. when_off: /no_think, when_on: /think) or
+    {kind: none}. Not a prepare input: it changes how chats are written, not how text is tokenized."""
 
 
 class WorldConfig(StrictConfig):
@@ -52,26 +58,32 @@ class SourceConfig(StrictConfig):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     """Name used by blends, logs and metrics."""
     path: str
-    """File (or directory of files) to read; `@world/<name>.jsonl` for the demo world."""
-    format: Literal["jsonl", "parquet", "txt"] | None = None
-    """File format; inferred from the suffix when unset."""
-    text_field: str = "text"
-    """Field holding the text in jsonl/parquet rows."""
+    """File or directory to read; `@world/<name>.jsonl` for the demo world. A directory: txt files,
+    or row files as teams keep them: a Hugging Face Hub shard folder (`data/train-00000-of-00002.parquet`,
+    `train.jsonl`, `test/...`) or a `datasets` save_to_disk directory (data/row_files.py)."""
+    format: Literal["jsonl", "parquet", "arrow", "txt"] | None = None
+    """File format; inferred from the path's suffix. Unset for a directory: its jsonl, parquet and
+    Arrow files (set it to read only one kind; `txt` for a directory of text files)."""
+    split: str | None = None
+    """Split of a directory of row files (Hub layout or a saved DatasetDict); default `train`."""
+    text_field: str = Field("text", min_length=1)
+    """Field (column) holding the text in jsonl, parquet and Arrow rows."""
     quality: Literal["high", "medium", "low"] = "medium"
     """Estimated quality tier: a phase's `quality_weights` weigh sources by it (see PhaseConfig)."""
     max_epochs: float = Field(4.0, gt=0)
     """Never read this source more than this many times over the whole run."""
     on_bad_line: Literal["error", "skip"] = "error"
     """A line that is not UTF-8, not JSON, not an object, or lacks a string text_field: `error`
-    stops with the file and line (exit 2); `skip` drops it and counts it (data/sources.py)."""
+    stops with the file and line (or row) (exit 2); `skip` drops it and counts it (data/sources.py)."""
 
     @model_validator(mode="after")
     def _infer_format(self) -> "SourceConfig":
         if self.format is None:
             suffix = Path(self.path).suffix.lstrip(".")
-            if suffix not in ("jsonl", "parquet", "txt"):
-                raise ValueError(f"cannot infer format from {self.path!r}; set format: jsonl|parquet|txt")
-            self.format = suffix  # type: ignore[assignment]
+            if suffix in ("jsonl", "parquet", "arrow", "txt"):
+                self.format = suffix  # type: ignore[assignment]
+        if self.format == "txt" and self.split is not None:
+            raise ValueError("split applies to row files (jsonl, parquet, Arrow), not txt")
         return self
 
 

@@ -39,6 +39,16 @@ def files_digest(files: list[Path], root: Path) -> list[list[str]]:
     return [[f.name if f == root else f.relative_to(root).as_posix(), file_sha256(f)] for f in files]
 
 
+def rows_digest(path: Path, split: str | None = None) -> str:
+    """sha256 of what a row source reads (data/row_files.py): a file's bytes, or for a directory
+    the names and sha256 of the files of its split (how a stage's step hashes a directory source)."""
+    from stagewise.data.row_files import row_files
+
+    path = Path(path)
+    files = [f.path for f in row_files(path, split)]
+    return file_sha256(path) if path.is_file() else digest_of(files_digest(files, path))
+
+
 def source_inputs(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> dict:
     root = resolve_path(src.path, base_dir, world_dir)
     return {"config": src.model_dump(include=SOURCE_FIELDS),
@@ -46,7 +56,8 @@ def source_inputs(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> 
 
 
 def tokenizer_inputs(cfg: TokenizerConfig, base_dir: Path) -> dict:
-    out: dict = {"config": cfg.model_dump(), "tokenizers": tokenizers.__version__}
+    # how chats are written (reasoning_switch) is not how text is tokenized: not a prepare input
+    out: dict = {"config": cfg.model_dump(exclude={"reasoning_switch"}), "tokenizers": tokenizers.__version__}
     if cfg.path is not None:
         from stagewise.data.tokenizer import existing_tokenizer_dir
 

@@ -382,10 +382,10 @@ def profile_file(path: Path, tokenizer: Any, tokenizer_name: str, limits: Mappin
     conversations (curated in memory, nothing written, never failed for its reject rate: the profile
     reports the rejects)."""
     from stagewise.data.curate import curate
-    from stagewise.data.sources import read_jsonl
+    from stagewise.data.sources import read_texts
 
     if detect_kind(path) == "text":
-        return build_profile([profile_texts(path.stem, path, read_jsonl(path, "text"), tokenizer, limits, cfg,
+        return build_profile([profile_texts(path.stem, path, read_texts(path, "text"), tokenizer, limits, cfg,
                                             limit=limit)], [], tokenizer_name, cfg)
     report = curate(path, cfg, max_reject_rate=1.0)
     conv = profile_conversations(path.stem, path, report.kept, tokenizer, report.to_dict(), None, limits, cfg)

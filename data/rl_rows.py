@@ -1,6 +1,7 @@
 """RL prompt rows: a compatible subset of NVIDIA NeMo Gym's JSONL rows, read and written losslessly.
 
-A row is one JSON object per line:
+A row is one JSON object per line of a JSONL file, or one row of a parquet / Arrow file or a
+Hugging Face `datasets` directory (data/row_files.py; the same nested fields as columns and structs):
 
     {"responses_create_params": {"input": "<prompt>" | [{"role": "user", "content": "..."}, ...],
                                  "tools": [<OpenAI function definitions>]?, ...},
@@ -15,8 +16,8 @@ rows nobody changed reproduces the file byte for byte (each row remembers its so
 reuses it while its content is unchanged, so key order, spacing and escapes survive). `id` may
 be an int, as some NeMo Gym datasets write it; use `str(row.id)` where a string is needed.
 
-Bad rows raise BadInput naming `<file>:<line>: <field>: <why>` (the CLI exits 2), or with
-`on_bad_line="skip"` are dropped and logged.
+Bad rows raise BadInput naming `<file>:<line>: <field>: <why>` (`<file>:row <i>` in parquet and
+Arrow; the CLI exits 2), or with `on_bad_line="skip"` are dropped and logged.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 
 from stagewise.data.chat import prompt_key as _conversation_key
-from stagewise.data.errors import BadInput, read_utf8
+from stagewise.data.errors import BadInput
+from stagewise.data.row_files import iter_rows, present
 
 log = logging.getLogger(__name__)
 
@@ -121,40 +123,41 @@ def _located(where: str, obj: Any, e: ValidationError) -> list[str]:
     return [f"{where}: {field}: {' or '.join(whys)}" for field, whys in reasons.items()]
 
 
-def parse_row(line: str, where: str) -> RLRow:
-    """One JSONL line as a row, or BadInput naming `where` (`<file>:<line>`) and the field."""
+def row_of(data: dict[str, Any], where: str, line: str | None = None) -> RLRow:
+    """A row's fields as an RLRow, or BadInput naming `where` (`<file>:<line>`, `<file>:row <i>`)
+    and the field. `line` is the JSONL text it was read from: written back while unchanged."""
     try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
-    if not isinstance(obj, dict):
-        raise BadInput(f"{where}: row: expected a JSON object, got {type(obj).__name__}")
-    try:
-        row = RLRow.model_validate(obj)
+        row = RLRow.model_validate(data)
     except ValidationError as e:
-        raise BadInput(_located(where, obj, e)) from None
-    row._source = (line, _canonical(obj))
+        raise BadInput(_located(where, data, e)) from None
+    if line is not None:
+        row._source = (line, _canonical(data))
     return row
 
 
-def read_rows(path: str | Path, *, on_bad_line: Literal["error", "skip"] = "error") -> list[RLRow]:
-    """Every row of a JSONL file (blank lines ignored). A bad row raises BadInput
-    (`<file>:<line>: <field>: <why>`), or with on_bad_line="skip" is dropped and logged."""
+def read_rows(path: str | Path, *, on_bad_line: Literal["error", "skip"] = "error",
+              split: str | None = None) -> list[RLRow]:
+    """Every row of a file or directory (data/row_files.py: JSONL, parquet or Arrow; a Hugging Face
+    Hub shard folder's `split` or a `datasets` save_to_disk directory; Arrow rows read through
+    `present`, nulls as absent keys). A bad row raises BadInput (`<where>: <field>: <why>`), or
+    with on_bad_line="skip" is dropped and logged."""
     if on_bad_line not in ("error", "skip"):
         raise BadInput(f"on_bad_line: must be 'error' or 'skip', got {on_bad_line!r}")
-    text = read_utf8(path, "RL rows")
     rows, skipped = [], 0
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+
+    def bad(message: str) -> None:
+        nonlocal skipped
+        if on_bad_line == "error":
+            raise BadInput(message)
+        skipped += 1
+        if skipped <= 3:
+            log.warning("skipped %s", message)
+
+    for r in iter_rows(path, split, on_bad=lambda b: bad(str(b))):
         try:
-            rows.append(parse_row(line, f"{path}:{n}"))
+            rows.append(row_of(r.data if r.where.is_line else present(r.data), str(r.where), r.line))
         except BadInput as e:
-            if on_bad_line == "error":
-                raise
-            skipped += 1
-            if skipped <= 3:
-                log.warning("skipped %s", e)
+            bad(str(e))
     if skipped:
         log.warning("%s: skipped %d bad row(s)", path, skipped)
     return rows
@@ -207,5 +210,5 @@ def prompt_key(row: RLRow) -> str:
     return _conversation_key({"tools": row.responses_create_params.tools, "messages": prompt_messages(row)})
 
 
-__all__ = ["RLRow", "ResponsesCreateParams", "parse_row", "prompt_key", "prompt_messages", "read_rows",
+__all__ = ["RLRow", "ResponsesCreateParams", "prompt_key", "prompt_messages", "read_rows", "row_of",
            "row_line", "write_rows"]

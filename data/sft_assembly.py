@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from stagewise.data.curate import CurationError, curate
+from stagewise.data.reasoning_switch import SwitchSetting
 from stagewise.data.sft_config import CurateConfig, SFTBlend, SFTDataSource
 
 IM_END = "<|im_end|>"
@@ -67,8 +68,10 @@ def chat_eos(generation_config: dict, im_end_id: int) -> dict:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a JSONL file this data path wrote (curated sources, samples, rejects)."""
+    from stagewise.data.row_files import read_jsonl as rows
+
+    return [row.data for row in rows(Path(path))]
 
 
 def write_jsonl(path: Path, rows: list) -> None:
@@ -92,23 +95,38 @@ def curate_sources(paths: Mapping[str, Path], sources: Sequence[SFTDataSource], 
     """Curate every source into `out`: `<name>.jsonl` (kept), `<name>.rejects.jsonl`,
     `<name>.report.json` and `summary.json` ({name: report}); returns the summary.
 
+    `paths` are the sources' resolved paths: a file or directory of any row format, read as
+    conversations by data/sft_rows.py (a row that is no conversation raises BadInput naming
+    file, row and field). Each reject names `where` its row is (`file:line`, `file:row i`).
     `final` is the directory `out` becomes once complete (data/atomic.py; default `out`):
     reports name their rejects there. A source above its max_reject_rate raises
     CurationError; as `out` is then about to be removed, the failed source's rejects are first
     copied to `<final>.failed/` and the error points at that copy."""
+    from stagewise.data.sft_rows import CurationInput
+
     final = final or out
     reports = {}
     for s in sources:
         rejects = out / f"{s.name}.rejects.jsonl"
+        lines = CurationInput(paths[s.name], s)
         try:
-            report = curate(paths[s.name], cfg, rejects, source=s.name, max_reject_rate=s.max_reject_rate)
+            report = curate(lines, cfg, rejects, source=s.name, max_reject_rate=s.max_reject_rate)
         except CurationError as err:
+            locate_rejects(rejects, lines)
             raise keep_rejects(err, rejects, failed_rejects(final, s.name).parent) from None
+        locate_rejects(rejects, lines)
         write_jsonl(out / f"{s.name}.jsonl", report.kept)
         reports[s.name] = {**report.to_dict(), "rejects_path": str(final / rejects.name)}
         (out / f"{s.name}.report.json").write_text(json.dumps(reports[s.name], indent=2))
     (out / "summary.json").write_text(json.dumps(reports, indent=2))
     return reports
+
+
+def locate_rejects(rejects: Path, lines) -> None:
+    """Add to every reject of `rejects` the `where` of its row (curate numbers the lines of a
+    source's stream; `lines` is the CurationInput it read, which maps them back)."""
+    rows = [{**row, "where": lines.where(row["line"])} for row in read_jsonl(rejects)]
+    write_jsonl(rejects, rows)
 
 
 def failed_rejects(final: Path, source: str) -> Path:
@@ -169,10 +187,10 @@ def set_chat_eos(ckpt: Path) -> None:
 
 def blend_and_pack(files: Mapping[str, str], domains: Mapping[str, str], blend: SFTBlend, seq_length: int,
                    seed: int, tokenizer_dir: str | Path, out: Path, previous_sample: str | Path | None = None,
-                   keep_share: float = 0.0) -> dict:
+                   keep_share: float = 0.0, switch: SwitchSetting = "auto") -> dict:
     """Sample `blend` from the curated `files` (source -> JSONL, weighed under `domains[source]`),
-    add `keep_share` of `previous_sample`, render with the chat template and best-fit pack into
-    rows of `seq_length` tokens.
+    add `keep_share` of `previous_sample`, render with the tokenizer's chat template (reasoning
+    turned off through `switch`, data.reasoning_switch) and best-fit pack into rows of `seq_length` tokens.
 
     Writes `out/rows.npz`, `out/sample.jsonl` ({"domain", "conversation"} per line: the next
     sub-stage's previous sample) and `out/report.json`, and returns the report:
@@ -193,7 +211,7 @@ def blend_and_pack(files: Mapping[str, str], domains: Mapping[str, str], blend: 
         raise SFTDataError("the blend sampled no conversations")
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     packed = pack_conversations([c for _, c in sample], tok, PackingConfig(pack_size=seq_length),
-                                blend.reasoning_off_fraction, seed)
+                                blend.reasoning_off_fraction, seed, switch)
     save_packed(out / "rows.npz", packed.rows)
     write_jsonl(out / "sample.jsonl", [{"domain": d, "conversation": c} for d, c in sample])
     report = {"packing": packed.to_dict(), "blend": sampled.to_dict(), "kept_previous": len(kept),

@@ -65,16 +65,37 @@ class PackingConfig(StrictConfig):
 
 
 class SFTDataSource(StrictConfig):
-    """One file of conversations (OpenAI messages format, one JSON object per line)."""
+    """One source of conversations: OpenAI messages, or prompt/completion rows (data/sft_rows.py)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     """Name used in reports and rejects files."""
     path: str
-    """The JSONL file; `@world/<name>.jsonl` for the demo world's conversations."""
+    """A JSONL, parquet or Arrow file, or a directory as teams keep them: a Hugging Face Hub shard
+    folder (`data/train-00000-of-00002.parquet`, `train.jsonl`, `test/...`) or a `datasets`
+    save_to_disk directory (data/row_files.py); `@world/<name>.jsonl` for the demo world's."""
+    split: str | None = None
+    """Split of a directory source (Hub layout or a saved DatasetDict); default `train`."""
+    messages_field: str = Field("messages", min_length=1)
+    """Column holding the conversation as OpenAI messages (role, content, and as given
+    reasoning_content and tool_calls, whose arguments may be a JSON string or a mapping)."""
+    prompt_field: str | None = Field(None, min_length=1)
+    """Column of the prompt, with completion_field: a string (one user turn) or a list of messages
+    (TRL's conversational prompt-completion). Unset: a row without `messages_field` that has
+    `prompt` and `completion` columns is converted the same way."""
+    completion_field: str | None = Field(None, min_length=1)
+    """Column of the completion, with prompt_field: a string (one assistant turn) or a list of messages."""
     domain: str | None = None
     """Domain the blend weighs this source under (default: its name)."""
     max_reject_rate: float | None = Field(None, ge=0, le=1)
     """Override of curate.max_reject_rate for this source (e.g. a knowingly dirty one)."""
+
+    @model_validator(mode="after")
+    def _prompt_completion(self) -> "SFTDataSource":
+        if (self.prompt_field is None) != (self.completion_field is None):
+            raise ValueError("prompt_field and completion_field go together: set both or neither")
+        if self.prompt_field is not None and self.prompt_field == self.completion_field:
+            raise ValueError(f"prompt_field and completion_field name the same column {self.prompt_field!r}")
+        return self
 
     @property
     def domain_name(self) -> str:

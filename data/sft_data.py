@@ -7,7 +7,8 @@
     Trainer(model, cfg, batches, SFTObjective("token"), ...)   # no engine change needed
 
 The same functions back `stagewise data pack` and the SFT stage, so what the CLI reports
-is what training gets. Every batch tensor is [rows, pack_size], and the batch is a
+is what training gets. A conversation is one packed example, or several when its chat
+template is not prefix-stable (data/chat_masks.py); the report counts conversations. Every batch tensor is [rows, pack_size], and the batch is a
 PackedBatch: a dict that splits along dim 0 like a tensor, which is all the engine asks.
 """
 
@@ -21,9 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from stagewise.data.chat import prompt_key, reasoning_enabled, render
+from stagewise.data.chat import prompt_key, reasoning_enabled, render_examples
 from stagewise.data.loader import DataExhausted
 from stagewise.data.packing import PackReport, best_fit_decreasing, pack_rows, supervised_count
+from stagewise.data.reasoning_switch import SwitchSetting, refuse_without_switch, resolve_switch
 from stagewise.data.sft_config import PackingConfig
 
 KEYS = ("input_ids", "labels", "position_ids", "seq_idx")
@@ -48,37 +50,59 @@ class PackedBatch(dict):
 
 @dataclass
 class PackedData:
-    """Packed rows, where every conversation went, and how many trained without reasoning."""
+    """Packed rows, where every example went, whose conversation each example is, and how many
+    conversations trained without reasoning."""
 
     rows: dict[str, np.ndarray]
     report: PackReport
     reasoning_off: int
+    owners: list[int]
+    """Example i is of conversation owners[i] (one example per conversation unless the template is
+    not prefix-stable: data/chat_masks.py)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.report.to_dict(), "conversations": sum(len(p) for p in self.report.packs),
-                "reasoning_off": self.reasoning_off}
+        packed = {self.owners[i] for p in self.report.packs for i in p}
+        return {**self.report.to_dict(), "conversations": len(packed), "reasoning_off": self.reasoning_off}
 
 
-def encode(convs: Sequence[dict], tokenizer: Any, off_fraction: float = 0.0,
-           seed: int = 0) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """Render every conversation ((input_ids, assistant_mask) each) and count the reasoning-off ones."""
-    out, off = [], 0
-    for conv in convs:
+@dataclass
+class Encoded:
+    """Every conversation's training examples ((input_ids, assistant_mask) each), in order."""
+
+    examples: list[tuple[list[int], list[int]]]
+    owners: list[int]
+    """The index of the conversation each example is of."""
+    reasoning_off: int
+    """Conversations rendered with reasoning off."""
+
+
+def encode(convs: Sequence[dict], tokenizer: Any, off_fraction: float = 0.0, seed: int = 0,
+           switch: SwitchSetting = "auto") -> Encoded:
+    """Render every conversation into its examples, a seeded `off_fraction` of them with reasoning
+    off by the model's own switch (`switch`: the recipe's tokenizer.reasoning_switch); BadInput
+    naming that field when the fraction is above 0 and the template has no switch."""
+    resolved = resolve_switch(tokenizer, switch)
+    refuse_without_switch(resolved, {"reasoning_off_fraction": off_fraction}, "the tokenizer SFT packs with")
+    out = Encoded([], [], 0)
+    for n, conv in enumerate(convs):
         on = reasoning_enabled(conv, off_fraction, seed)
-        off += not on
-        out.append(render(conv, tokenizer, reasoning=on))
-    return out, off
+        out.reasoning_off += not on
+        examples = render_examples(conv, tokenizer, reasoning=on, switch=resolved)
+        out.examples += examples
+        out.owners += [n] * len(examples)
+    return out
 
 
 def pack_conversations(convs: Sequence[dict], tokenizer: Any, cfg: PackingConfig, off_fraction: float = 0.0,
-                       seed: int = 0) -> PackedData:
-    """Render and best-fit-decreasing pack `convs` into rows of cfg.pack_size tokens."""
-    encoded, off = encode(convs, tokenizer, off_fraction, seed)
-    keys = [prompt_key(c) for c in convs] if cfg.distinct_prompts else None
-    report = best_fit_decreasing([len(ids) for ids, _ in encoded], cfg.pack_size, keys,
-                                 [supervised_count(mask) for _, mask in encoded])
+                       seed: int = 0, switch: SwitchSetting = "auto") -> PackedData:
+    """Render and best-fit-decreasing pack `convs` into rows of cfg.pack_size tokens. The examples
+    of one conversation share its prompt key, so with distinct_prompts no two share a pack."""
+    enc = encode(convs, tokenizer, off_fraction, seed, switch)
+    keys = [prompt_key(convs[n]) for n in enc.owners] if cfg.distinct_prompts else None
+    report = best_fit_decreasing([len(ids) for ids, _ in enc.examples], cfg.pack_size, keys,
+                                 [supervised_count(mask) for _, mask in enc.examples])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return PackedData(pack_rows(encoded, report, pad), report, off)
+    return PackedData(pack_rows(enc.examples, report, pad), report, enc.reasoning_off, enc.owners)
 
 
 def save_packed(path: str | Path, rows: dict[str, np.ndarray]) -> Path:

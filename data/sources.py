@@ -1,30 +1,29 @@
-"""Reading a source's documents: jsonl, parquet or txt, from a file or a directory of files.
+"""Reading a source's documents: txt, or the text field of row files (jsonl, parquet, Arrow).
 
 Everything downstream (tokenizer training, shards, digests) sees a source as an ordered
-stream of strings, so the order is fixed here: files of a directory in sorted relative-path
-order, rows in file order. Bad input stops with a `SourceError` (the project's BadInput: exit
-2) that names the file, the line (or row) and the field, because "invalid JSON" without a place
-is useless at 2 GB. A source with `on_bad_line: skip` drops such lines instead and counts them
-in the `bad_lines` dict a caller passes (source name -> lines dropped), logging the first few.
+stream of strings, so the order is fixed here: a txt directory's files in sorted relative-path
+order; row files as data/row_files.py reads them (a file, a Hugging Face Hub shard folder's
+split, a `datasets` save_to_disk directory), rows in file order. Bad input stops with a
+`SourceError` (the project's BadInput: exit 2) that names the file, the line (or row) and the
+field, because "invalid JSON" without a place is useless at 2 GB. A source with `on_bad_line:
+skip` drops such lines instead and counts them in the `bad_lines` dict a caller passes (source
+name -> lines dropped), logging the first few.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stagewise.data.config import WORLD_PREFIX, SourceConfig
-from stagewise.data.errors import BadInput
+from stagewise.data.row_files import FORMATS, RowFile, RowFileError, read_file, row_files
 
 log = logging.getLogger(__name__)
 
-SUFFIXES = {"jsonl": (".jsonl",), "parquet": (".parquet",), "txt": (".txt",)}
-
-
-class SourceError(BadInput):
-    """A source cannot be read; the message names the file and, where known, line and field."""
+SourceError = RowFileError
+"""A source cannot be read; the message names the file and, where known, line and field (the
+row readers' one error type, the project's BadInput)."""
 
 
 OnBad = Callable[[str], None]
@@ -61,17 +60,35 @@ def resolve_path(path: str, base_dir: Path, world_dir: Path | None) -> Path:
 
 
 def source_files(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> list[Path]:
-    """The files of a source: the path itself, or the matching files under a directory, sorted."""
+    """The files of a source, in reading order (what its digest covers)."""
+    if src.format == "txt":
+        return _txt_files(src, resolve_path(src.path, base_dir, world_dir))
+    return [f.path for f in _row_files(src, base_dir, world_dir)]
+
+
+def _row_files(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> list[RowFile]:
+    """A row source's files (data/row_files.py: a file, or a directory's split in the Hugging Face
+    Hub layout or saved by `datasets`); a file read as the source's `format` when it names one."""
     root = resolve_path(src.path, base_dir, world_dir)
+    if root.is_file() and src.format is not None and src.split is None:
+        return [RowFile(root, src.format)]
+    try:
+        return row_files(root, src.split, (src.format,) if src.format else None)
+    except RowFileError as e:
+        raise SourceError(f"source {src.name!r}: {e}") from None
+
+
+def _txt_files(src: SourceConfig, root: Path) -> list[Path]:
+    """A txt file, or the .txt files under a directory in sorted relative-path order."""
     if root.is_file():
         return [root]
     if not root.is_dir():
         raise SourceError(f"source {src.name!r}: {root} does not exist")
-    files = sorted((p for p in root.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES[src.format])
+    files = sorted((p for p in root.rglob("*") if p.is_file() and p.suffix == ".txt"
                     and not any(part.startswith(".") for part in p.relative_to(root).parts)),
                    key=lambda p: p.relative_to(root).as_posix())
     if not files:
-        raise SourceError(f"source {src.name!r}: no {src.format} files under {root}")
+        raise SourceError(f"source {src.name!r}: no txt files under {root}")
     return files
 
 
@@ -81,84 +98,33 @@ def iter_texts(src: SourceConfig, base_dir: Path, world_dir: Path | None = None,
 
     Bad lines raise SourceError, or with `on_bad_line: skip` are counted in bad_lines[src.name].
     """
-    per_file = src.format == "txt" and resolve_path(src.path, base_dir, world_dir).is_dir()
     on_bad = _on_bad(src, bad_lines)
-    for path in source_files(src, base_dir, world_dir):
-        if src.format == "jsonl":
-            yield from read_jsonl(path, src.text_field, on_bad)
-        elif src.format == "parquet":
-            yield from read_parquet(path, src.text_field)
-        else:
+    if src.format == "txt":
+        per_file = resolve_path(src.path, base_dir, world_dir).is_dir()
+        for path in source_files(src, base_dir, world_dir):
             yield from read_txt(path, whole_file=per_file, on_bad=on_bad)
+        return
+    for f in _row_files(src, base_dir, world_dir):
+        yield from read_texts(f, src.text_field, on_bad)
 
 
-def _row_problem(line: str, field: str) -> tuple[str | None, str]:
-    """(text, "") for a good jsonl line, else (None, why); blank lines are ("", "")."""
-    if not line.strip():
-        return "", ""
-    try:
-        row = json.loads(line)
-    except ValueError as e:  # JSONDecodeError, and a number too long to convert
-        return None, f"malformed JSON ({getattr(e, 'msg', e)} at column {getattr(e, 'colno', '?')})"
-    except RecursionError:
-        return None, "malformed JSON (nested too deeply)"
-    if not isinstance(row, dict):
-        return None, f"expected a JSON object, got {type(row).__name__}"
-    if field not in row:
-        return None, f"missing text field {field!r} (fields: {sorted(row)[:10]})"
-    if not isinstance(row[field], str):
-        return None, f"field {field!r} must be a string, got {type(row[field]).__name__}"
-    return row[field], ""
+def read_texts(f: RowFile | Path, field: str, on_bad: OnBad = _raise) -> Iterator[str]:
+    """The `field` strings of a row file (jsonl, parquet or Arrow), non-blank ones only.
 
-
-def read_jsonl(path: Path, field: str, on_bad: OnBad = _raise) -> Iterator[str]:
-    """Rows of a jsonl file; blank lines are allowed, anything else must be an object with `field`."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                on_bad(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start})")
-                continue
-            text, why = _row_problem(line, field)
-            if text is None:
-                on_bad(f"{where}: {why}")
-            elif text.strip():
-                yield text
-
-
-def read_parquet(path: Path, field: str) -> Iterator[str]:
-    """The `field` column (a string column) of a parquet file, batch by batch; nulls are skipped."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises several types for a bad file
-        raise SourceError(f"{path}: not a readable parquet file ({e})") from None
-    if field not in pf.schema_arrow.names:
-        raise SourceError(f"{path}: missing text field {field!r} (columns: {pf.schema_arrow.names})")
-    kind = pf.schema_arrow.field(field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
-        raise SourceError(f"{path}: field {field!r} must be a string column, got {kind}")
-    batches = pf.iter_batches(columns=[field], batch_size=4096)
-    row = 0
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except Exception as e:  # a truncated or corrupt row group
-            raise SourceError(f"{path}: unreadable after row {row} ({e})") from None
-        try:
-            values = batch.column(0).to_pylist()
-        except Exception as e:  # a corrupt page: bytes that are not UTF-8, bad offsets
-            raise SourceError(f"{path}: rows {row + 1}-{row + batch.num_rows}: unreadable ({e})") from None
-        for value in values:
-            row += 1
-            if value is not None and value.strip():
-                yield value
+    A row without the field, or whose field is not a string, is a bad line; in parquet and Arrow
+    a null is an empty document (a column is on every row there, so null is how a row has none)."""
+    if not isinstance(f, RowFile):  # a lone file (`stagewise data profile FILE`): JSONL unless its suffix says
+        f = RowFile(f, FORMATS.get(f.suffix, "jsonl"))
+    for row in read_file(f, columns=[field], on_bad=lambda bad: on_bad(str(bad))):
+        value = row.data.get(field)
+        if value is None and not row.where.is_line:
+            continue
+        if field not in row.data:
+            on_bad(f"{row.where}: {field}: missing text field (fields: {sorted(row.data)[:10]})")
+        elif not isinstance(value, str):
+            on_bad(f"{row.where}: {field}: expected a string, got {type(value).__name__}")
+        elif value.strip():
+            yield value
 
 
 def read_txt(path: Path, whole_file: bool, on_bad: OnBad = _raise) -> Iterator[str]:

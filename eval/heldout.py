@@ -8,7 +8,7 @@ The SFT stage scores the demo world's held-out conversations (`sft_eval.jsonl`, 
 by prompt hash, so none was trained on) before it trains and after each sub-stage. Two
 numbers, both through the checkpoint's own chat template:
 - answers: the prompt (every turn before the last assistant turn) rendered with reasoning
-  off and the generation prompt, greedy decoding (left-padded batches) until <|im_end|>, compared with the last
+  off (the model's own switch: data/chat.py chat_text) and the generation prompt, greedy decoding (left-padded batches) until <|im_end|>, compared with the last
   assistant turn's content after stripping whitespace (exact match). Only single-answer
   conversations count (a system/user prefix, then one assistant turn); tool-calling
   conversations need a tool loop and are left to the loss. Per domain as well. Next to it,
@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import torch
 
+from stagewise.data.chat import chat_text
+from stagewise.data.reasoning_switch import SwitchSetting
 from stagewise.eval.metric_names import ANSWER_SCORES
 
 
@@ -103,7 +105,7 @@ def end_ids(tokenizer: Any) -> list[int]:
 @torch.no_grad()
 def heldout_answers(model: torch.nn.Module, tokenizer: Any, convs: list[dict], limit: int | None = None,
                     max_new_tokens: int = 48, batch_size: int = 16, max_prompt_chars: int | None = 6000,
-                    device: str = "cpu") -> dict[str, float]:
+                    device: str = "cpu", switch: SwitchSetting = "auto") -> dict[str, float]:
     """Greedy exact match on the single-answer conversations (see the module docstring).
 
     Prompts are generated in left-padded batches of similar length (one decoding step costs
@@ -113,8 +115,8 @@ def heldout_answers(model: torch.nn.Module, tokenizer: Any, convs: list[dict], l
     items = answer_items(convs, limit, max_prompt_chars)
     if not items:
         return {}
-    prompts = [tokenizer(tokenizer.apply_chat_template(prefix, tokenize=False, add_generation_prompt=True,
-                                                       reasoning=False), add_special_tokens=False).input_ids
+    prompts = [tokenizer(chat_text(prefix, tokenizer, reasoning=False, add_generation_prompt=True, switch=switch),
+                         add_special_tokens=False).input_ids
                for prefix, _, _ in items]
     budgets = [min(max_new_tokens, len(tokenizer(t, add_special_tokens=False).input_ids) + 4) for _, t, _ in items]
     order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
@@ -161,7 +163,8 @@ def _generate(model: torch.nn.Module, tokenizer: Any, prompts: list[list[int]], 
 
 @torch.no_grad()
 def heldout_loss(model: torch.nn.Module, tokenizer: Any, convs: list[dict], pack_size: int,
-                 limit: int | None = None, batch_size: int = 4, device: str = "cpu") -> dict[str, float]:
+                 limit: int | None = None, batch_size: int = 4, device: str = "cpu",
+                 switch: SwitchSetting = "auto") -> dict[str, float]:
     """Token-normalised SFT loss over the assistant tokens of `convs` (packed; longer ones dropped;
     with `limit`, that many taken at an even stride through the list)."""
     from stagewise.data.sft_config import PackingConfig
@@ -171,7 +174,7 @@ def heldout_loss(model: torch.nn.Module, tokenizer: Any, convs: list[dict], pack
 
     if limit and limit < len(convs):  # an even stride keeps every domain of a domain-ordered file
         convs = [convs[i * len(convs) // limit] for i in range(limit)]
-    packed = pack_conversations(convs, tokenizer, PackingConfig(pack_size=pack_size))
+    packed = pack_conversations(convs, tokenizer, PackingConfig(pack_size=pack_size), switch=switch)
     rows = {k: torch.from_numpy(packed.rows[k]) for k in KEYS}
     n = len(rows["input_ids"])
     if n == 0:

@@ -33,6 +33,7 @@ from prefect import flow
 from pydantic import BaseModel
 
 from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec, teacher_rl_block
+from stagewise.data.reasoning_switch import SwitchSetting, switch_spec
 from stagewise.recipe import Recipe
 from stagewise.flows.rl import (WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows,
                       steps_train_config)
@@ -61,6 +62,8 @@ class DistillInputs(BaseModel):
     model_from: str | None = None
     suites: dict[str, list[str]] = {}
     world_entities: int = WORLD_ENTITIES
+    reasoning_switch: SwitchSetting = "auto"
+    """The recipe's tokenizer.reasoning_switch: how the prompts say `reasoning` to the student and teachers."""
 
 
 def select(recipe: Recipe) -> DistillInputs | None:
@@ -70,7 +73,8 @@ def select(recipe: Recipe) -> DistillInputs | None:
     d = recipe.stages.distill
     return DistillInputs(stage=d, data=d.data or recipe.stages.rl.data, rl=recipe.stages.rl,
                          model_from=recipe.model.from_,
-                         suites=recipe.eval, world_entities=world.facts if world else WORLD_ENTITIES)
+                         suites=recipe.eval, world_entities=world.facts if world else WORLD_ENTITIES,
+                         reasoning_switch=recipe.tokenizer.reasoning_switch)
 
 
 def student_start(block: DistillInputs, upstream: Upstream, base_dir: str) -> str:
@@ -101,7 +105,7 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
         fixed = [_fixed_teacher(t, upstream, ctx.base_dir) for t in cfg.teachers if t.rl is None]
         spec = {"stage": block_spec(cfg, {"vllm_url", "data"}), "data": block.data.model_dump(),
                 "rl": block_spec(block.rl, set()) if block.rl else None, "suite": block.suites.get(cfg.eval_suite or ""),
-                "seed": ctx.seed, "version": DISTILL_VERSION}
+                "seed": ctx.seed, "version": DISTILL_VERSION} | switch_spec(block.reasoning_switch)
         out_dir = step_dir(ctx.stages_root, STAGE, spec, [checkpoint_hash(start), *rows.hashes(),
                                                           *(checkpoint_hash(p) for p in fixed)])
         reused = reused_result(ctx, STAGE, run_id, out_dir)
@@ -166,7 +170,7 @@ def _teacher(ctx: StageContext, block: DistillInputs, t: TeacherSpec, student: s
         return _fixed_teacher(t, upstream, ctx.base_dir)
     name = f"{STAGE}-teacher-{t.name}" + (f"-round{round_}" if round_ > 1 else "")
     inputs = RLInputs(stage=teacher_rl_block(t, block.rl), model_from=student, world_entities=block.world_entities,
-                      name=name, only_domains=t.domains, evaluate=False)
+                      name=name, only_domains=t.domains, evaluate=False, reasoning_switch=block.reasoning_switch)
     return rl_flow.with_options(flow_run_name=name)(ctx, inputs, Upstream()).checkpoint
 
 
@@ -190,11 +194,9 @@ class _Evaluator:
             from stagewise.data.chat import install_chat_template
             from stagewise.tasks.rl import RLWiring
 
-            self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-            if not self.tokenizer.chat_template:
-                install_chat_template(self.tokenizer)
+            self.tokenizer = install_chat_template(AutoTokenizer.from_pretrained(checkpoint))  # ours where none
             self.wired = RLWiring(self.tokenizer, self.rows.train + self.heldout, _accuracy_only(),
-                                  self.block.stage.reasoning)
+                                  self.block.stage.reasoning, self.block.reasoning_switch)
         return self.wired
 
     def _score(self, checkpoint: str, ids: list[str], prefix: str, at: int) -> dict[str, float]:
@@ -285,8 +287,8 @@ def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teache
     cfg = block.stage
     name = f"{STAGE}/round-{r}"
     not_trained = {"vllm_url", "rounds", "eval_suite", "eval_limit", "retention_margin", "data"}
-    spec = {"stage": block_spec(cfg, not_trained),
-            "data": block.data.model_dump(), "seed": ctx.seed, "version": DISTILL_VERSION}
+    spec = {"stage": block_spec(cfg, not_trained), "data": block.data.model_dump(), "seed": ctx.seed,
+            "version": DISTILL_VERSION} | switch_spec(block.reasoning_switch)
     out_dir = step_dir(ctx.stages_root, f"{STAGE}-round", spec,
                        [checkpoint_hash(student), *rows.hashes(),
                         *(f"{k}={checkpoint_hash(v)}" for k, v in sorted(teachers.items()))])
@@ -327,10 +329,8 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
     refused = backend_problem(cfg.backend, str(device))
     if refused:
         raise BadInput(refused.replace("stages.rl.backend", "stages.distill.backend"))
-    tokenizer = AutoTokenizer.from_pretrained(student)
-    if not tokenizer.chat_template:
-        install_chat_template(tokenizer)
-    wiring = RLWiring(tokenizer, rows.train, _accuracy_only(), cfg.reasoning)
+    tokenizer = install_chat_template(AutoTokenizer.from_pretrained(student))  # ours only where it carries none
+    wiring = RLWiring(tokenizer, rows.train, _accuracy_only(), cfg.reasoning, block.reasoning_switch)
     routes = _routes(cfg, rows)
     policy = load_model(student, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -399,7 +399,8 @@ def _round_on_nemo_rl(ctx: StageContext, block: DistillInputs, student: str, tea
 
     cfg = block.stage
     _routes(cfg, rows)
-    wiring = RLWiring(load_chat_tokenizer(student), rows.train, _accuracy_only(), cfg.reasoning)
+    wiring = RLWiring(load_chat_tokenizer(student), rows.train, _accuracy_only(), cfg.reasoning,
+                      block.reasoning_switch)
     by_domain, ratios = _prompts(cfg, rows)
     plan = distill_plan(cfg, student=student, teachers=teachers, rows={r.id: r.row for r in rows.train},
                         agents=row_agents(rows.train, cfg.nemo_gym), by_domain=by_domain, ratios=ratios,

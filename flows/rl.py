@@ -35,6 +35,7 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel
 
+from stagewise.data.reasoning_switch import SwitchSetting, switch_spec
 from stagewise.recipe import Recipe
 from stagewise.recipe.blocks.on_policy import block_spec
 from stagewise.recipe.blocks.rl import RLStage
@@ -45,7 +46,8 @@ from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
 from stagewise.tasks.rl import (RLWiring, ScoresCache, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
                       rl_world_task)
 from stagewise.tasks.sft_data import resolve
-from stagewise.store.steps import file_hash, step_dir, value_of
+from stagewise.data.digest import rows_digest
+from stagewise.store.steps import step_dir, value_of
 
 STAGE = "rl"
 TARGET = "rl/heldout/pass_at_1/all"
@@ -67,6 +69,8 @@ class RLInputs(BaseModel):
     evaluate: bool = True
     """Score held-out pass@1 before and after (a distillation teacher skips it: the distillation
     stage scores every teacher next to the student on the same rows)."""
+    reasoning_switch: SwitchSetting = "auto"
+    """The recipe's tokenizer.reasoning_switch: how the prompts say `stages.rl.reasoning` to the model."""
 
 
 def select(recipe: Recipe) -> RLInputs | None:
@@ -74,7 +78,8 @@ def select(recipe: Recipe) -> RLInputs | None:
         return None
     world = recipe.data.world
     return RLInputs(stage=recipe.stages.rl, model_from=recipe.model.from_,
-                    world_entities=world.facts if world else WORLD_ENTITIES)
+                    world_entities=world.facts if world else WORLD_ENTITIES,
+                    reasoning_switch=recipe.tokenizer.reasoning_switch)
 
 
 RL_VERSION = 2
@@ -89,7 +94,7 @@ def rl_spec(block: RLInputs, seed: int) -> dict:
         spec["only_domains"] = sorted(block.only_domains)
     if not block.evaluate:
         spec["evaluate"] = False
-    return spec
+    return spec | switch_spec(block.reasoning_switch)
 
 
 @flow(name="rl")
@@ -120,8 +125,8 @@ class StageRows:
     heldout_path: Path | None
 
     def hashes(self) -> list[str]:
-        """The rows' content as step inputs."""
-        return [*(file_hash(p) for p in self.paths), file_hash(self.heldout_path) if self.heldout_path else "-"]
+        """The rows' content as step inputs (a file's bytes; a directory's row files, data/digest.py)."""
+        return [*(rows_digest(p) for p in self.paths), rows_digest(self.heldout_path) if self.heldout_path else "-"]
 
 
 def stage_rows(ctx: StageContext, data, world_entities: int, only_domains: list[str] | None, name: str) -> StageRows:
@@ -159,13 +164,11 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
         from stagewise.data.errors import BadInput
 
         raise BadInput(refused)
-    tokenizer = AutoTokenizer.from_pretrained(start_from)
-    if not tokenizer.chat_template:
-        install_chat_template(tokenizer)
+    tokenizer = install_chat_template(AutoTokenizer.from_pretrained(start_from))  # ours only where it carries none
     trained = {r.domain for r in train_rows}  # held-out rows of the domains this stage trains
     heldout_rows = round_robin([r for r in heldout_rows if r.domain in trained and block.evaluate],
                                lambda r: r.domain, cfg.data.heldout_limit)
-    wiring = RLWiring(tokenizer, train_rows + heldout_rows, cfg.rewards, cfg.reasoning)
+    wiring = RLWiring(tokenizer, train_rows + heldout_rows, cfg.rewards, cfg.reasoning, block.reasoning_switch)
     if cfg.engine == "nemo_rl":  # what only the rows tell, before anything trains: verifiers, longest prompt
         from stagewise.engines.nemo_rl.stage import gym_environments, refuse_unsupported
         from stagewise.engines.nemo_rl.translate import unsupported

@@ -43,6 +43,7 @@ from typing import Callable
 from pydantic import BaseModel
 from prefect import flow, get_run_logger
 
+from stagewise.data.reasoning_switch import SwitchSetting
 from stagewise.engines.launch.stage import with_engine
 from stagewise.recipe import Recipe, SFTStage, SFTSubStage
 from stagewise.flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
@@ -68,13 +69,16 @@ WORLD_ENTITIES = 3000
 
 class SFTInputs(BaseModel):
     """What SFT reads from the recipe: its block, where to start without an upstream stage,
-    the model's MTP heads, the eval suites and the pretraining world's entity count."""
+    the model's MTP heads, the eval suites, the pretraining world's entity count and the
+    model's reasoning switch."""
 
     stage: SFTStage
     model_from: str | None = None
     mtp: MTPConfig = MTPConfig()
     suites: dict[str, list[str]] = {}
     world_entities: int = WORLD_ENTITIES
+    reasoning_switch: SwitchSetting = "auto"
+    """The recipe's tokenizer.reasoning_switch: how the start checkpoint's template turns reasoning off."""
 
 
 def select(recipe: Recipe) -> SFTInputs | None:
@@ -82,7 +86,8 @@ def select(recipe: Recipe) -> SFTInputs | None:
         return None
     world = recipe.data.world
     return SFTInputs(stage=recipe.stages.sft, model_from=recipe.model.from_, mtp=recipe.model.mtp,
-                     suites=recipe.eval, world_entities=world.facts if world else WORLD_ENTITIES)
+                     suites=recipe.eval, world_entities=world.facts if world else WORLD_ENTITIES,
+                     reasoning_switch=recipe.tokenizer.reasoning_switch)
 
 
 class Scores:
@@ -92,9 +97,9 @@ class Scores:
     same weights; the cache (keyed by weight sha256) makes the second one a copy."""
 
     def __init__(self, tracker: Tracker, heldout: str | None, heldout_limit: int | None, pack_size: int,
-                 device: str = "cpu"):
+                 device: str = "cpu", switch: SwitchSetting = "auto"):
         self.tracker, self.heldout, self.heldout_limit, self.pack_size = tracker, heldout, heldout_limit, pack_size
-        self.device = device
+        self.device, self.switch = device, switch
         self.cache: dict[tuple, dict[str, float]] = {}
 
     def __call__(self, ckpt: CheckpointRef, tasks: list[str] | None, limit: int | None, run_id: str,
@@ -105,7 +110,8 @@ class Scores:
         if self.heldout:
             metrics |= self._once((ckpt.sha256 or ckpt.path, "heldout", self.heldout_limit), ref, run_id,
                                   lambda: heldout_task(ref, self.heldout, self.pack_size, self.heldout_limit,
-                                                       self.tracker, run_id, device=self.device))
+                                                       self.tracker, run_id, device=self.device,
+                                                       switch=self.switch))
         if tasks:
             metrics |= self._once((ckpt.sha256 or ckpt.path, "suite", tuple(tasks), limit), ref, run_id,
                                   lambda: suite_task(ref, tasks, limit, self.tracker, run_id, device=self.device))
@@ -203,7 +209,7 @@ def _substage_on_megatron(ctx: StageContext, sub: SFTSubStage, train_cfg: TrainC
     stage = block.stage
     rows = out_dir / "megatron-data"
     report = write_chat_rows(packed.sample, tokenizer_dir, sub.seq_length, sub.blend.reasoning_off_fraction,
-                             pack_seed(ctx.seed, index), rows)
+                             pack_seed(ctx.seed, index), rows, switch=block.reasoning_switch)
     get_run_logger().info("sft %s: %d conversations as Megatron-Bridge chat rows in %s (%d longer than a pack "
                           "left out, %d with reasoning off)", sub.name, report["conversations"], rows,
                           report["dropped"], report["reasoning_off"])
@@ -240,11 +246,12 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
                                                 workdir))
         curated = value_of(curate_task(data.sources, data.curate, world_dir, ctx.base_dir, workdir, tracker, run_id))
         start = value_of(sft_start_task(start_from, workdir))
+        _refuse_without_switch(start.path, block)
         value_of(sft_profile_task(curated, data.sources, stage.stages, data.curate, start.path, workdir, tracker, run_id))
         packs, previous = [], None
         for i, sub in enumerate(stage.stages):
             previous = value_of(blend_pack_task(sub, i, curated, previous, start.path, ctx.seed, workdir, tracker,
-                                                run_id))
+                                                run_id, block.reasoning_switch))
             packs.append(previous)
         heldout = data.heldout or ("@world/sft_eval.jsonl" if world_dir else None)
         heldout_path = str(resolve(heldout, ctx.base_dir, world_dir)) if heldout else None
@@ -255,7 +262,7 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
             logger.info("sft already finished in %s: reusing %s", out_dir, reused.checkpoint)
             return reused
         scores = Scores(tracker, heldout_path, data.heldout_limit, max(s.seq_length for s in stage.stages),
-                        ctx.runtime.device)
+                        ctx.runtime.device, block.reasoning_switch)
         tasks = block.suites.get(stage.eval_suite) if stage.eval_suite else None
         base = scores(start, tasks, stage.eval_limit, run_id, at=(0, 0))
         ckpt, step, tokens, decisions = start, 0, 0, {}
@@ -280,6 +287,21 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
         result = StageResult(stage=STAGE, parent=start_from, checkpoint=ckpt.path, run_id=run_id, gate=gate,
                              metrics=headline, stage_dir=str(out_dir), summary=summary)
         return finish(ctx, out_dir, result, {**final, **delta}, at=(step, tokens))
+
+
+def _refuse_without_switch(start: str, block: SFTInputs) -> None:
+    """BadInput naming tokenizer.reasoning_switch when a sub-stage asks for reasoning-off conversations
+    and the start checkpoint's template has no switch: known once its tokenizer is, before any packing."""
+    fractions = {f"stages.{STAGE}.stages[{i}].blend.reasoning_off_fraction": sub.blend.reasoning_off_fraction
+                 for i, sub in enumerate(block.stage.stages)}
+    if not any(fractions.values()):
+        return
+    from transformers import AutoTokenizer
+
+    from stagewise.data.reasoning_switch import refuse_without_switch, resolve_switch
+
+    refuse_without_switch(resolve_switch(AutoTokenizer.from_pretrained(start), block.reasoning_switch), fractions,
+                          f"the SFT start checkpoint {start}")
 
 
 def _report(tracker: Tracker, run_id: str, base: dict, final: dict, names: list[str]) -> None:

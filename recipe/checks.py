@@ -2,8 +2,9 @@
 
 Each library validates its own block (model.config, data.config, ...); what spans blocks lives
 here so each problem can name the exact YAML path that breaks it: phases and the tokenizer
-naming known sources, schedules fitting the stage's tokens, eval suites existing, SFT
-sources/blends/sub-stages agreeing, merging having checkpoints to merge, presets existing.
+naming known sources, schedules fitting the stage's tokens, eval suites existing (and their
+standard tasks having their files), SFT sources/blends/sub-stages agreeing, merging having
+checkpoints to merge, presets existing.
 Every check returns (yaml path, why, path whose line to cite) tuples. The loader
 (recipe/loader.py) runs cross_problems() once the recipe validates, and next to it the engine
 checks (engines/checks.py); when the whole does not validate it runs partial_cross_problems() on
@@ -40,6 +41,7 @@ def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out += _suite_problems(r, "stages.merge", r.stages.merge)
     out += _suite_problems(r, "stages.quantize", r.stages.quantize)
     out += _quantize_problems(r) if r.stages.quantize else []
+    out += _eval_problems(r)
     return out + _preset_problems(r.model)
 
 
@@ -74,6 +76,15 @@ def _suite_problems(r: Recipe, at: str, stage: Any) -> list[tuple[str, str, str]
             known = ", ".join(sorted(r.eval)) or "none; add an `eval:` block"
             out.append((where, f"unknown eval suite {name!r}{did_you_mean(name, r.eval)}; suites: {known}", where))
     return out
+
+
+def _eval_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """Every suite entry names a local task, or a standard lm-eval task whose folder holds the split
+    files and columns it reads (eval/harness.py suite_problems: no model, no lm-eval import)."""
+    from stagewise.eval.harness import suite_problems
+
+    return [(f"eval.{suite}[{i}]", why, f"eval.{suite}[{i}]")
+            for suite, entries in r.eval.items() for i, why in suite_problems(entries)]
 
 
 def _quantize_problems(r: Recipe) -> list[tuple[str, str, str]]:
@@ -114,6 +125,23 @@ def _sft_problems(r: Recipe) -> list[tuple[str, str, str]]:
             out.append((f"{here}.keep_previous", why, f"{here}.keep_previous"))
         out += _schedule_problems(here, sub)
         out += _suite_problems(r, here, sub)
+    return out + _switch_problems(r)
+
+
+def _switch_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """A reasoning-off fraction needs a reasoning switch: refused here when the recipe says the model has
+    none (`auto` is decided from the start checkpoint's template, once its tokenizer is loaded: flows/sft.py)."""
+    from stagewise.data.reasoning_switch import SWITCH_FIELD, NoSwitch
+
+    if not isinstance(r.tokenizer.reasoning_switch, NoSwitch):
+        return []
+    out = []
+    for i, sub in enumerate(r.stages.sft.stages):
+        at = f"stages.sft.stages[{i}].blend.reasoning_off_fraction"
+        if sub.blend.reasoning_off_fraction > 0:
+            out.append((SWITCH_FIELD, f"{{kind: none}}: the model cannot be told reasoning is off, so {at} "
+                                      f"{sub.blend.reasoning_off_fraction} cannot train; name its switch or set "
+                                      "the fraction to 0", at))
     return out
 
 

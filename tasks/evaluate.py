@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prefect import task
 
+from stagewise.data.reasoning_switch import SwitchSetting
 from stagewise.eval.metric_names import HELDOUT_PREFIX, SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX
 from stagewise.store.refs import CheckpointRef, PreparedRef
 from stagewise.store.tracking import Tracker
@@ -118,9 +119,11 @@ def heldout_task(
     tracker: Tracker | None = None,
     run_id: str | None = None,
     device: str = "cpu",
+    switch: SwitchSetting = "auto",
 ) -> dict[str, float]:
     """Held-out conversations (eval/heldout.py): greedy exact match and SFT loss of a checkpoint,
-    logged as `eval/sft_heldout/<metric>` at the checkpoint's step."""
+    logged as `eval/sft_heldout/<metric>` at the checkpoint's step. `switch`: the recipe's
+    tokenizer.reasoning_switch (the prompts are written with reasoning off)."""
     from transformers import AutoTokenizer
 
     from stagewise.eval.heldout import heldout_answers, heldout_loss, read_conversations
@@ -129,8 +132,8 @@ def heldout_task(
     model = load_model(Path(checkpoint.path), device=device)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.path)
     convs = read_conversations(heldout)
-    metrics = heldout_answers(model, tokenizer, convs, limit, device=device)
-    metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit, device=device)
+    metrics = heldout_answers(model, tokenizer, convs, limit, device=device, switch=switch)
+    metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit, device=device, switch=switch)
     named = {f"{HELDOUT_PREFIX}/{k}": v for k, v in metrics.items()}
     run_logger().info("held-out conversations at %d tokens: %s", checkpoint.tokens_seen,
                           ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))

@@ -27,6 +27,7 @@ from typing import Any
 
 from prefect import task
 
+from stagewise.data.reasoning_switch import SwitchSetting
 from stagewise.data.rl_rows import RLRow
 from stagewise.eval.environments import get_environment
 from stagewise.eval.heldout import end_ids
@@ -91,9 +92,13 @@ def load_tasks(path: Path, name: str, domain: str | None, environment: str | Non
 # --------------------------------------------------------------------------- wiring
 
 class RLWiring:
-    """What rollouts, profile and evaluation share: the tokenizer, prompts and the reward function."""
+    """What rollouts, profile and evaluation share: the tokenizer, prompts and the reward function.
 
-    def __init__(self, tokenizer: Any, rows: list[TaskRow], rewards, reasoning: bool):
+    Prompts are written by the checkpoint's own template with reasoning said by its own switch
+    (`switch`: the recipe's tokenizer.reasoning_switch; data/chat.py chat_text)."""
+
+    def __init__(self, tokenizer: Any, rows: list[TaskRow], rewards, reasoning: bool, switch: SwitchSetting = "auto"):
+        from stagewise.data.chat import chat_text
         from stagewise.data.rl_rows import prompt_messages
         from stagewise.model.rl_batches import Prompt
 
@@ -102,8 +107,8 @@ class RLWiring:
         self.rows = {r.id: r for r in rows}
         self.prompts = {}
         for r in rows:
-            text = tokenizer.apply_chat_template(prompt_messages(r.row), tools=r.row.responses_create_params.tools,
-                                                 tokenize=False, add_generation_prompt=True, reasoning=reasoning)
+            text = chat_text(prompt_messages(r.row), tokenizer, r.row.responses_create_params.tools, reasoning,
+                             add_generation_prompt=True, switch=switch, name=f"RL row {r.id!r}")
             self.prompts[r.id] = Prompt(r.id, r.domain, tuple(tokenizer(text, add_special_tokens=False).input_ids))
 
     def text(self, response_ids: list[int]) -> str:

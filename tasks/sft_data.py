@@ -24,6 +24,7 @@ from pathlib import Path
 from prefect import task
 from pydantic import BaseModel
 
+from stagewise.data.reasoning_switch import SwitchSetting, switch_spec
 from stagewise.data.sft_assembly import IM_END, SFTDataError, chat_eos, keep_previous, realised_mixture  # noqa: F401 (re-exported)
 from stagewise.data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
 from stagewise.store.refs import CheckpointRef
@@ -31,7 +32,7 @@ from stagewise.store.steps import cached, step_dir, step_hash
 from stagewise.store.tracking import Tracker
 from stagewise.tasks.policy import retrying, run_logger
 
-SFT_DATA_VERSION = 4
+SFT_DATA_VERSION = 5
 """Bump when the way SFT data is generated, curated, sampled or packed changes (new directories)."""
 
 
@@ -115,12 +116,14 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
     from stagewise.data.curate import CurationError
     from stagewise.data.sft_assembly import curate_sources, failed_rejects
 
+    from stagewise.data.digest import rows_digest
+
     paths = {s.name: resolve(s.path, base_dir, world_dir) for s in sources}
-    missing = [f"{s.name}: {paths[s.name]}" for s in sources if not paths[s.name].is_file()]
+    missing = [f"{s.name}: {paths[s.name]}" for s in sources if not paths[s.name].exists()]
     if missing:
         raise FileNotFoundError(f"stages.sft.data.sources: file(s) not found: {'; '.join(missing)}")
     root = step_dir(Path(workdir) / "sft_data", "curated", {"sources": sources, "curate": cfg, "version": SFT_DATA_VERSION},
-                    [file_digest(paths[s.name]) for s in sources])
+                    [rows_digest(paths[s.name], s.split) for s in sources])
     digest = root.name.removeprefix("curated-")
     reused = (root / "summary.json").is_file()
     if not reused:
@@ -192,15 +195,17 @@ def sft_start_task(checkpoint: str, workdir: str) -> CheckpointRef:
 
 @task(**retrying("sft-blend-pack"))
 def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | None, tokenizer_dir: str,
-                    seed: int, workdir: str, tracker: Tracker | None = None, run_id: str | None = None) -> PackedRef:
+                    seed: int, workdir: str, tracker: Tracker | None = None, run_id: str | None = None,
+                    switch: SwitchSetting = "auto") -> PackedRef:
     """Sample sub-stage `sub`'s blend (+ its keep_previous share of `previous`), render with the
-    chat template and best-fit pack into rows of sub.seq_length tokens; log the report and mixture."""
+    chat template (reasoning off through `switch`, the recipe's tokenizer.reasoning_switch) and
+    best-fit pack into rows of sub.seq_length tokens; log the report and mixture."""
     from stagewise.data.atomic import building
     from stagewise.data.sft_assembly import blend_and_pack, check_enough_packs
 
     tok_digest = tokenizer_digest(tokenizer_dir)
     spec = {"blend": sub.blend, "keep_previous": sub.keep_previous, "seq_length": sub.seq_length, "seed": seed,
-            "index": index, "version": SFT_DATA_VERSION}
+            "index": index, "version": SFT_DATA_VERSION, **switch_spec(switch)}
     root = step_dir(Path(workdir) / "sft_data", f"packed-{sub.name}", spec,
                     [curated.digest, previous.digest if previous else "", tok_digest])
     digest = root.name.removeprefix(f"packed-{sub.name}-")
@@ -210,7 +215,7 @@ def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | 
             with building(root) as tmp:
                 blend_and_pack(curated.files, curated.domains, sub.blend, sub.seq_length, pack_seed(seed, index),
                                tokenizer_dir, tmp, previous_sample=previous.sample if previous else None,
-                               keep_share=sub.keep_previous)
+                               keep_share=sub.keep_previous, switch=switch)
         doc = json.loads((root / "report.json").read_text())
         ref = PackedRef(root=str(root), rows=str(root / "rows.npz"), sample=str(root / "sample.jsonl"),
                         digest=digest, report=doc["packing"], mixture=doc["mixture"])

@@ -2,7 +2,9 @@
 
 Characters are always checked (cheap, tokenizer-free); tokens only when a tokenizer is
 given, counted on the chat template's rendering when the tokenizer carries it (what
-packing will see), else on the plain conversation text.
+packing will see: the longest of the conversation's examples, which is the whole
+conversation unless the template is not prefix-stable, data/chat_masks.py), else on the
+plain conversation text.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from stagewise.data.sft_config import CurateConfig
 
 
 def token_count(conv: dict, tokenizer: Any) -> int:
-    """Tokens of the rendered conversation (template when present, else the plain text)."""
+    """Tokens of the rendered conversation's longest example (template when present, else the plain text)."""
     if getattr(tokenizer, "chat_template", None):
-        from stagewise.data.chat import render
+        from stagewise.data.chat import render_examples
 
-        return len(render(conv, tokenizer)[0])
+        return max(len(ids) for ids, _ in render_examples(conv, tokenizer))
     return len(tokenizer.encode(conversation_text(conv), add_special_tokens=False))
 
 

@@ -40,12 +40,14 @@ class RLWorldConfig(StrictConfig):
 
 
 class RLSource(StrictConfig):
-    """A JSONL file of task rows (a NeMo Gym-compatible subset: responses_create_params.input, expected_answer...)."""
+    """Task rows (a NeMo Gym-compatible subset: responses_create_params.input, expected_answer...)."""
 
     name: str
     """Source name (the domain too, unless `domain` or the rows say otherwise)."""
     path: str
-    """JSONL path: relative to the recipe, absolute, or `@world/<file>` for the demo world's rows."""
+    """A JSONL, parquet or Arrow file, or a directory as teams keep them (a Hugging Face Hub shard
+    folder or a `datasets` save_to_disk directory: its `train` split; data/row_files.py); relative
+    to the recipe, absolute, or `@world/<file>` for the demo world's rows."""
     domain: str | None = None
     """Domain of every row (default: each row's `domain`, else the source name)."""
     environment: str | None = None

@@ -6,6 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from stagewise.data.chat import REASONING_OFF_MARKER, install_chat_template, reasoning_enabled, render, render_text
+from stagewise.data.errors import BadInput
 
 CALL = {"type": "function", "function": {"name": "calc", "arguments": '{"expression": "2 + 3"}'}}
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate", "parameters": {"type": "object"}}}]
@@ -107,8 +108,11 @@ def test_render_needs_the_template(chat_tokenizer_dir):
     assert render(CONV, install_chat_template(tok))[0]
 
 
-def test_a_template_without_generation_blocks_is_refused(chat_tokenizer_dir):
+def test_a_template_without_generation_blocks_or_an_end_token_is_refused(chat_tokenizer_dir):
+    # without {% generation %} blocks the spans are derived (tests/data/test_chat_masks.py); this template
+    # ends a turn with no token the model could stop at, so nothing can be masked exactly: a data error
     tok = AutoTokenizer.from_pretrained(chat_tokenizer_dir)
     tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-    with pytest.raises(ValueError, match="generation"):
+    with pytest.raises(BadInput, match=r"conversation 'c1': assistant turn 0 \(message 2\) cannot be masked exactly: "
+                                       "the turn ends in no special token"):
         render(CONV, tok)

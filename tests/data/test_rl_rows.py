@@ -78,8 +78,8 @@ def test_any_extra_keys_round_trip(tmp_path_factory, extra, prompt):
 
 
 @pytest.mark.parametrize(("line", "cites"), [
-    ('{"responses_create_params": {"input": "ok"}', "invalid JSON"),
-    ('[1, 2]', "row: expected a JSON object"),
+    ('{"responses_create_params": {"input": "ok"}', "malformed JSON"),
+    ('[1, 2]', "expected a JSON object, got list"),
     ('{"expected_answer": 1}', "responses_create_params: Field required"),
     ('{"responses_create_params": {"input": []}}', "responses_create_params.input: empty prompt"),
     ('{"responses_create_params": {"input": "  "}}', "responses_create_params.input: empty prompt"),
@@ -103,9 +103,9 @@ def test_skip_drops_bad_rows(tmp_path):
 def test_not_utf8_and_missing_files_are_bad_input(tmp_path):
     path = tmp_path / "bin.jsonl"
     path.write_bytes(b'{"responses_create_params": {"input": "\xff"}}\n')
-    with pytest.raises(BadInput, match=r"bin.jsonl:1: not UTF-8"):
+    with pytest.raises(BadInput, match=r"bin.jsonl:1: not valid UTF-8"):
         read_rows(path)
-    with pytest.raises(BadInput, match="cannot read"):
+    with pytest.raises(BadInput, match=r"missing.jsonl: does not exist"):
         read_rows(tmp_path / "missing.jsonl")
 
 
@@ -135,3 +135,63 @@ def test_write_is_atomic_and_leaves_no_temporary(tmp_path):
     with pytest.raises(Boom):
         write_rows(target, rows())
     assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["keep.jsonl"]
+
+
+# --------------------------------------------------------------------------- parquet and datasets directories
+
+TEAM_ROWS = [
+    {"id": 1, "domain": "math", "environment": "exact_answer", "expected_answer": "4",
+     "responses_create_params": {"input": [{"role": "user", "content": "What is 2 + 2?"}]}},
+    {"id": 2, "domain": "math", "environment": "exact_answer", "expected_answer": "15",
+     "responses_create_params": {"input": [{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": "What is 3 * 5?"}], "temperature": 0.6}},
+]
+
+
+def test_parquet_and_save_to_disk_rows_load_as_written(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(TEAM_ROWS), f)
+    assert [r.as_json() for r in read_rows(f)] == TEAM_ROWS  # the nulls Arrow filled in are absent again
+    datasets = pytest.importorskip("datasets")
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(TEAM_ROWS[:1]),
+                          "test": datasets.Dataset.from_list(TEAM_ROWS[1:])}).save_to_disk(str(saved))
+    assert [r.as_json() for r in read_rows(saved)] == TEAM_ROWS[:1]
+    assert [r.as_json() for r in read_rows(saved, split="test")] == TEAM_ROWS[1:]
+
+
+def test_a_bad_parquet_row_names_file_row_and_field(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "rows.parquet"
+    bad = {**TEAM_ROWS[0], "responses_create_params": {"input": []}}
+    pq.write_table(pa.Table.from_pylist([TEAM_ROWS[0], bad]), f)
+    with pytest.raises(BadInput) as e:
+        read_rows(f)
+    assert str(e.value) == f"{f}:row 1: responses_create_params.input: empty prompt: no messages"
+    assert [r.id for r in read_rows(f, on_bad_line="skip")] == [1]
+
+
+def test_the_rl_stage_loads_a_hub_folder_of_parquet(tmp_path):
+    """tasks.rl.load_tasks, what flows/rl.py calls per source, on a directory with splits."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stagewise.data.digest import rows_digest
+    from stagewise.tasks.rl import load_tasks
+
+    (tmp_path / "hub" / "data").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(TEAM_ROWS), tmp_path / "hub" / "data" / "train-00000-of-00001.parquet")
+    pq.write_table(pa.Table.from_pylist(TEAM_ROWS[:1]), tmp_path / "hub" / "data" / "test-00000-of-00001.parquet")
+    rows = load_tasks(tmp_path / "hub", "team", None, None)
+    assert [(t.id, t.domain, t.environment, t.row.expected_answer) for t in rows] == [
+        ("team:1", "math", "exact_answer", "4"), ("team:2", "math", "exact_answer", "15")]
+    before = rows_digest(tmp_path / "hub")
+    pq.write_table(pa.Table.from_pylist(TEAM_ROWS[1:]), tmp_path / "hub" / "data" / "test-00000-of-00001.parquet")
+    assert rows_digest(tmp_path / "hub") == before  # the test split is not what trains
+    pq.write_table(pa.Table.from_pylist(TEAM_ROWS[1:]), tmp_path / "hub" / "data" / "train-00000-of-00001.parquet")
+    assert rows_digest(tmp_path / "hub") != before

@@ -97,6 +97,73 @@ def test_curate_sources_keeps_the_failed_sources_rejects(sources, tmp_path):
     assert "malformed_json 10" in str(info.value) and len(kept.read_text().splitlines()) >= 10
 
 
+TOOL = {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+                                         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
+
+
+def _call(name, arguments):
+    return {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                                                                 "function": {"name": name, "arguments": arguments}}]}
+
+
+def test_curate_sources_reads_a_teams_parquet_folder_and_datasets_directory(tmp_path):
+    """No conversion step: a Hub folder of prompt/completion parquet and a save_to_disk directory
+    of messages (reasoning, tool calls with string and mapping arguments) curate as they are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    datasets = pytest.importorskip("datasets")
+    hub = tmp_path / "hub" / "data"
+    hub.mkdir(parents=True)
+    pairs = [{"prompt": "Name the capital of Norway.", "completion": "Oslo."},
+             {"prompt": "Spell the word cat backwards.", "completion": "tac"}]
+    pq.write_table(pa.Table.from_pylist(pairs), hub / "train-00000-of-00001.parquet")
+    pq.write_table(pa.Table.from_pylist([{"prompt": "held out", "completion": "x"}]), hub / "test-00000-of-00001.parquet")
+    user = {"role": "user", "content": "Compute 3 * 5 with the calculator."}
+    convs = [
+        {"messages": [{"role": "user", "content": "Is 7 prime?"},
+                      {"role": "assistant", "content": "Yes.", "reasoning_content": "7 has no divisors but 1 and 7."}]},
+        {"tools": json.dumps([TOOL]), "messages": [user, _call("calculator", json.dumps({"expression": "3 * 5"})),
+                                                   {"role": "tool", "content": "15"},
+                                                   {"role": "assistant", "content": "3 * 5 = 15."}]},
+        {"tools": json.dumps([TOOL]), "messages": [user, _call("weather", json.dumps({"city": "Oslo"})),
+                                                   {"role": "tool", "content": "sunny"},
+                                                   {"role": "assistant", "content": "It is sunny."}]},
+    ]
+    columns = {"tools": [c.get("tools") for c in convs], "messages": [c["messages"] for c in convs]}
+    datasets.Dataset.from_dict(columns).save_to_disk(str(tmp_path / "saved"))  # from_list keeps the first row's keys only
+    srcs = [SFTDataSource(name="pairs", path="hub"), SFTDataSource(name="tools", path="saved", max_reject_rate=0.5)]
+    out = tmp_path / "out"
+    out.mkdir()
+    summary = curate_sources({s.name: tmp_path / s.path for s in srcs}, srcs, CurateConfig(), out)
+    assert [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()] == [
+        {"messages": [{"role": "user", "content": p["prompt"]}, {"role": "assistant", "content": p["completion"]}]}
+        for p in pairs]
+    assert [json.loads(line) for line in (out / "tools.jsonl").read_text().splitlines()] == [
+        convs[0], {**convs[1], "tools": [TOOL]}]
+    assert summary["tools"]["rejected"] == {"undefined_tool": 1}
+    reject = json.loads((out / "tools.rejects.jsonl").read_text())
+    assert (reject["reason"], reject["line"], reject["where"]) == (
+        "undefined_tool", 3, f"{tmp_path}/saved/data-00000-of-00001.arrow:row 2")
+
+
+def test_curate_sources_stops_on_a_row_that_is_no_conversation(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stagewise.data.errors import BadInput
+
+    f = tmp_path / "team.parquet"
+    pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+                                         {"messages": [{"content": "hi"}]}]), f)
+    src = SFTDataSource(name="team", path=str(f))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(BadInput) as e:
+        curate_sources({"team": f}, [src], CurateConfig(), out)
+    assert str(e.value) == f"{f}:row 1: messages.0.role: missing (keys: ['content'])"
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, chat_tokenizer_dir):
     """A tiny checkpoint whose tokenizer has the chat tokens but no template installed yet."""
@@ -133,6 +200,23 @@ def test_make_chat_start_installs_template_and_eos_and_leaves_the_source(checkpo
     assert {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()} == before
     with pytest.raises(FileNotFoundError, match="no config.json"):
         make_chat_start(tmp_path / "nowhere", tmp_path / "x")
+
+
+def test_make_chat_start_keeps_a_checkpoints_own_template(checkpoint, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    own = tmp_path / "own"
+    shutil.copytree(checkpoint, own)
+    tok = AutoTokenizer.from_pretrained(own)
+    tok.chat_template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    tok.save_pretrained(own)
+    tokenizer_bytes = {p.name: p.read_bytes() for p in tokenizer_files(own)}
+    assert "chat_template.jinja" in tokenizer_bytes
+    (tmp_path / "start").mkdir()  # the step's directory (data.atomic.building makes it)
+    make_chat_start(own, tmp_path / "start")
+    assert {p.name: p.read_bytes() for p in tokenizer_files(tmp_path / "start")} == tokenizer_bytes  # byte for byte
 
 
 def test_blend_and_pack_with_a_previous_sample(sources, chat_tokenizer_dir, tmp_path):

@@ -17,8 +17,8 @@ BAD_JSONL = (b'{"text": "one"}\n'
              b'{"text": "two"}\n')
 
 
-@pytest.mark.parametrize("line,why", [(2, "malformed JSON"), (3, "expected a JSON object"), (4, "missing text field"),
-                                      (5, "field 'text' must be a string"), (6, "not valid UTF-8")])
+@pytest.mark.parametrize("line,why", [(2, "malformed JSON"), (3, "expected a JSON object"), (4, "text: missing text field"),
+                                      (5, "text: expected a string, got int"), (6, "not valid UTF-8")])
 def test_each_bad_line_is_named_with_file_and_line(tmp_path, line, why):
     lines = BAD_JSONL.splitlines(keepends=True)
     f = tmp_path / "src.jsonl"

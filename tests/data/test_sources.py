@@ -36,8 +36,8 @@ def test_jsonl_directory_is_read_in_sorted_order_with_custom_field(tmp_path):
 
 @pytest.mark.parametrize("lines, where, what", [
     (['{"text": "ok"}'] * 16 + ['{"text": "broken'], ":17:", "malformed JSON"),
-    (['{"text": "ok"}', '{"other": "x"}'], ":2:", "missing text field 'text'"),
-    (['{"text": 5}'], ":1:", "field 'text' must be a string, got int"),
+    (['{"text": "ok"}', '{"other": "x"}'], ":2:", "text: missing text field (fields: ['other'])"),
+    (['{"text": 5}'], ":1:", "text: expected a string, got int"),
     (['["text"]'], ":1:", "expected a JSON object"),
 ])
 def test_jsonl_errors_name_file_and_line(tmp_path, lines, where, what):
@@ -59,9 +59,9 @@ def test_parquet(tmp_path):
     f = tmp_path / "a.parquet"
     pq.write_table(pa.table({"text": ["x", None, "y"], "n": [1, 2, 3]}), f)
     assert _texts(f) == ["x", "y"]
-    with pytest.raises(SourceError, match="missing text field 'body'"):
+    with pytest.raises(SourceError, match=r"a\.parquet: body: no such column \(columns: \['text', 'n'\]\)"):
         _texts(f, text_field="body")
-    with pytest.raises(SourceError, match=r"a\.parquet: field 'n' must be a string column, got int64"):
+    with pytest.raises(SourceError, match=r"a\.parquet:row 0: n: expected a string, got int"):
         _texts(f, text_field="n")
     junk = tmp_path / "junk.parquet"
     junk.write_bytes(b"not parquet at all")
@@ -107,5 +107,34 @@ def test_missing_path_and_empty_directory(tmp_path):
     with pytest.raises(SourceError, match="does not exist"):
         _texts(tmp_path / "nope.jsonl")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SourceError, match="no jsonl files under"):
+    with pytest.raises(SourceError, match=r"source 's': .*empty: no \.jsonl files under it"):
         _texts(tmp_path / "empty", format="jsonl")
+
+
+def test_a_hub_folder_and_a_saved_dataset_are_sources(tmp_path):
+    """What prepare reads (iter_texts) and hashes (the source's files): the train split unless
+    `split` names another; nulls in parquet/Arrow are empty documents."""
+    from stagewise.data.digest import source_inputs
+
+    hub = tmp_path / "hub" / "data"
+    hub.mkdir(parents=True)
+    pq.write_table(pa.table({"body": ["one", None]}), hub / "train-00000-of-00002.parquet")
+    pq.write_table(pa.table({"body": ["two"]}), hub / "train-00001-of-00002.parquet")
+    pq.write_table(pa.table({"body": ["held out"]}), hub / "validation-00000-of-00001.parquet")
+    assert _texts(tmp_path / "hub", text_field="body") == ["one", "two"]
+    assert _texts(tmp_path / "hub", text_field="body", split="validation") == ["held out"]
+    files = source_inputs(_src(tmp_path / "hub", text_field="body"), tmp_path, None)["files"]
+    assert [name for name, _ in files] == ["data/train-00000-of-00002.parquet",
+                                           "data/train-00001-of-00002.parquet"]
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": ["alpha", "beta"]}).save_to_disk(str(tmp_path / "saved"))
+    assert _texts(tmp_path / "saved") == ["alpha", "beta"]
+    state = tmp_path / "saved" / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "_split": "train"}))
+    with pytest.raises(SourceError, match=r"source 's': .*saved: split: 'test' given, but this saved dataset is split 'train'"):
+        _texts(tmp_path / "saved", split="test")
+
+
+def test_split_is_for_row_files():
+    with pytest.raises(ValueError, match="split applies to row files"):
+        _src("docs", format="txt", split="train")

@@ -28,7 +28,7 @@ class FakeTracker:
 def test_scores_evaluate_each_weights_once_and_copy_to_other_runs(monkeypatch):
     calls = []
 
-    def fake_heldout(ref, path, pack_size, limit, tracker, run_id, device):
+    def fake_heldout(ref, path, pack_size, limit, tracker, run_id, device, switch):
         calls.append(("heldout", ref.path, run_id))
         tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, {"eval/sft_heldout/loss": 2.0})])
         return {"eval/sft_heldout/loss": 2.0}
