@@ -8,7 +8,8 @@
 
 The virtualenv is (re)installed only when pyproject.toml changed since the last install.
 torch is pinned to the CPU build (2.13.0) through the `dev` extra, so no CUDA wheels are
-pulled. Extra arguments go to the command: `python3 dev.py test -k recipe -x`.
+pulled. Extra arguments go to the command: `python3 dev.py test -k recipe -x`. `test` runs the
+suite in two pytest-xdist workers (TEST_WORKERS) unless the arguments choose (`-n 0`: one process).
 
 `test` leaves out the tests marked `megatron` (pyproject.toml's addopts); `python3 dev.py test -m
 megatron` runs them. They run code in a side virtualenv, `.venv-megatron`, with the Megatron-Bridge
@@ -19,7 +20,9 @@ no stamp, so the next call starts over. STAGEWISE_MEGATRON_PYTHON points the tes
 interpreter with that release.
 
 `gym-env` builds `.venv-gym` the same way from GYM_PINS (its own stamp): NeMo Gym 0.7.0, whose row
-models (the request a row becomes) the tests of our NeMo RL rows validate against
+models (the request a row becomes, and the verify requests of the resources servers our verifiers map
+to: math_with_judge, string_match, equivalence_rule, structured_outputs) the tests of our NeMo RL rows
+validate against
 (tests/engines/nemo_rl/test_real_gym_rows.py, also marked `megatron`: side-environment tests).
 STAGEWISE_GYM_PYTHON points them at another interpreter with that release.
 """
@@ -178,6 +181,11 @@ GYM_STAMP = GYM_VENV / ".stagewise-gym-pins"
 # the row models' imports need is listed here by hand (nemo_gym.global_config reads ray's version at
 # import; nemo_gym.reward_profile, imported by base_resources_server, imports pandas, scipy and wandb).
 # Its code parses and imports on 3.11. scipy stays at 1.17.1: 1.18 has no Python 3.11 build.
+# The second line: what the verify request models of the resources servers our verifiers map to import
+# (their app.py and requirements.txt in the wheel): math_with_judge imports math_verify (its pin, 0.8.0,
+# on latex2sympy2_extended 1.10.2 / sympy; antlr4 stays at omegaconf's 4.9.3, one latex2sympy2_extended
+# ships a parser for), structured_outputs xmltodict, yaml and openapi_schema_validator (its pins);
+# string_match and equivalence_rule nothing more.
 GYM_PINS: dict[str, list[str]] = {
     "resolved": [
         "pydantic==2.14.4", "pydantic-core==2.50.5", "openai==2.44.0", "fastapi==0.165.0", "starlette==1.10.0",
@@ -185,6 +193,8 @@ GYM_PINS: dict[str, list[str]] = {
         "omegaconf==2.3.1", "hydra-core==1.3.8", "rich==15.0.0", "itsdangerous==2.2.0", "ray==2.60.0",
         "yappi==1.7.6", "pydot==4.0.1", "pandas==3.1.1", "scipy==1.17.1", "wandb==0.31.0", "numpy==2.4.6",
         "anyio==4.16.0", "typing-extensions==4.16.0",
+        "math-verify==0.8.0", "latex2sympy2_extended==1.10.2", "sympy==1.14.0", "mpmath==1.3.0",
+        "antlr4-python3-runtime==4.9.3", "openapi-schema-validator==0.6.3", "xmltodict==1.0.2", "pyyaml==6.0.4",
     ],
     "gym": ["nemo-gym==0.7.0"],
 }
@@ -201,14 +211,19 @@ for pin in json.loads(sys.argv[1]):
     assert have == want, f"{name} {have} installed, {want} pinned"
 assert importlib.util.find_spec("torch") is None, "torch must not be installed here"
 """
-# The row models the gym tests import (tests/engines/nemo_rl/side_env/check_rows.py), once, with bytecode
-# written (pip ran with --no-compile, and this machine may set PYTHONDONTWRITEBYTECODE).
+# The row models the gym tests import (tests/engines/nemo_rl/side_env/check_rows.py and its --verify-model
+# servers), once, with bytecode written (pip ran with --no-compile, and this machine may set
+# PYTHONDONTWRITEBYTECODE).
 _GYM_WARM = """
 import sys
 sys.dont_write_bytecode = False
 from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyRequest
 from nemo_gym.openai_utils import NeMoGymResponse
 from responses_api_agents.simple_agent.app import SimpleAgentRunRequest, SimpleAgentVerifyRequest
+from resources_servers.math_with_judge.app import LibraryJudgeMathVerifyRequest
+from resources_servers.string_match.app import StringMatchVerifyRequest
+from resources_servers.equivalence_rule.app import EquivalenceRuleVerifyRequest
+from resources_servers.structured_outputs.app import StructuredOutputsVerifyRequest
 """
 
 
@@ -253,6 +268,18 @@ def ensure_gym_env() -> Path:
     return python
 
 
+TEST_WORKERS = 2
+"""pytest-xdist workers `test` starts unless told (`-n 0` runs in one process). Two: the end-to-end tests
+on the one shared pretraining run in one worker (tests/e2e/conftest.py groups them), in order, while the
+other takes everything else; more workers would wait on that group."""
+
+
+def _workers(args: list[str]) -> list[str]:
+    """`-n TEST_WORKERS --dist loadgroup`, unless `args` choose the workers or the distribution themselves."""
+    chosen = any(a.startswith(("-n", "--numprocesses", "--dist")) or a.endswith("no:xdist") for a in args)
+    return [] if chosen else ["-n", str(TEST_WORKERS), "--dist", "loadgroup"]
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test", "megatron-env", "gym-env"):
         print(__doc__)
@@ -268,7 +295,7 @@ def main(argv: list[str]) -> int:
     if argv[0] == "demo":
         cmd = [str(BIN / "stagewise"), "demo", *argv[1:]]
     else:
-        cmd = [str(BIN / "python"), "-m", "pytest", "-q", *argv[1:]]
+        cmd = [str(BIN / "python"), "-m", "pytest", "-q", *_workers(argv[1:]), *argv[1:]]
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 

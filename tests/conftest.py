@@ -1,6 +1,9 @@
 """Test-wide settings: quiet, offline, deterministic, and no stray MLflow/Prefect state."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -8,6 +11,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("MLFLOW_TRACKING_URI", "sqlite:////tmp/stagewise-tests-unused.db")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Each test process (an xdist worker, or the one pytest) keeps its Prefect state apart: the ephemeral
+# API servers of two workers on one SQLite file would lock each other out.
+_PREFECT_HOME = tempfile.mkdtemp(prefix=f"stagewise-tests-prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+atexit.register(shutil.rmtree, _PREFECT_HOME, True)
 
 
 import json  # noqa: E402
