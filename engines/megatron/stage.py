@@ -32,7 +32,12 @@ our checkpoint by engines/launch/stage.py's run_engine.
 What the import and the export read is never our checkpoint directory itself but a copy whose
 config.json the transformers Megatron-Bridge pins reads (engines/megatron/hf_config.py: our
 transformers writes layer kinds that release refuses): `<out_dir>/megatron-hf/` beside the run,
-its weights symlinks to the checkpoint's; the pretraining template is written in that form.
+its weights symlinks to the checkpoint's; the pretraining template is written in that form. The
+same goes for the run's tokenizer, which that transformers builds from the directory named by
+`tokenizer.tokenizer_model` (reading its config.json too): pretraining names the prepared tokenizer
+directory (a tokenizer alone), long context and SFT `<out_dir>/megatron-tokenizer/`, their
+tokenizer's files (the start checkpoint's, the SFT chat tokenizer's) without the weights, config.json
+rewritten (hf_config.megatron_tokenizer_dir).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import dataclasses
 from pathlib import Path
 
 from stagewise.data.long_context import DOC_QA
-from stagewise.engines.megatron.hf_config import megatron_hf_dir, write_pinned_config
+from stagewise.engines.megatron.hf_config import megatron_hf_dir, megatron_tokenizer_dir, write_pinned_config
 from stagewise.engines.megatron.indexed_data import write_indexed_dir
 from stagewise.data.prepare import PreparedData
 from stagewise.data.shards import TokenShard
@@ -137,6 +142,12 @@ def _from_checkpoint(plan: MegatronPlan, start: str, megatron_in: Path, out_dir:
     return EnginePlan(steps=steps, export_dir=export, step=plan.train_iters, tokens=plan.train_iters * per_step)
 
 
+def run_tokenizer(tokenizer: str | Path, out_dir: Path) -> str:
+    """The run's `tokenizer.tokenizer_model`: `tokenizer` (a checkpoint of ours, or a tokenizer alone) as the
+    transformers Megatron-Bridge pins reads it, `<out_dir>/megatron-tokenizer` (see the module docstring)."""
+    return str(megatron_tokenizer_dir(tokenizer, out_dir / "megatron-tokenizer"))
+
+
 def long_context_datasets(blend: dict[str, float], data_root: str, doc_qa_train: str) -> list[tuple[str, float]]:
     """The long-context blend over indexed datasets: the prepared sources' and document QA's train shards."""
     prefixes, _, _ = indexed_datasets(data_root)
@@ -153,7 +164,7 @@ def long_context_plan(stage, model: ModelConfig, launch: LaunchConfig, start: st
     megatron_in = out_dir / "megatron-import"
     plan = plan_long_context(stage, launch, model, save_dir=out_dir / "megatron",
                              pretrained_checkpoint=imported_checkpoint(megatron_in), seed=seed, mlflow=mlflow,
-                             tokenizer=start, blend=blend)
+                             tokenizer=run_tokenizer(start, out_dir), blend=blend)
     return _from_checkpoint(plan, start, megatron_in, out_dir)
 
 
@@ -164,6 +175,6 @@ def sft_plan(sub, model: ModelConfig, launch: LaunchConfig, start: str, tokenize
     megatron_in = out_dir / "megatron-import"
     plan = plan_sft(sub, launch, model, save_dir=out_dir / "megatron",
                     pretrained_checkpoint=imported_checkpoint(megatron_in), seed=seed, mlflow=mlflow,
-                    tokenizer=tokenizer, dataset="local-jsonl", dataset_overrides=chat_jsonl_overrides(dataset_root),
-                    field=field)
+                    tokenizer=run_tokenizer(tokenizer, out_dir), dataset="local-jsonl",
+                    dataset_overrides=chat_jsonl_overrides(dataset_root), field=field)
     return _from_checkpoint(plan, start, megatron_in, out_dir, suffix=f"-{sub.name}")

@@ -362,7 +362,8 @@ def plan_megatron(train: TrainConfig, launch: LaunchConfig, model: ModelConfig, 
     normalization: the SFT loss normalisation; `token` is Megatron's per-token loss.
     seed / data_seed: rng.seed and the dataset's seed (data_seed defaults to seed).
     mlflow: the stage's MLflow run, which the ranks log into.
-    tokenizer: a HF tokenizer directory for the run (None: the recipe's, the model's Hub tokenizer).
+    tokenizer: a HF tokenizer directory for the run (None: the recipe's, the model's Hub tokenizer), one
+        the transformers Megatron-Bridge pins reads (see `_tokenizer_overrides`).
     vocab_size: the vocabulary of a preset that leaves it to the tokenizer (generic shapes only).
     dataset / blend / dataset_overrides: the data. Pretraining needs `blend` (indexed-dataset path
         prefixes and weights; `--dataset megatron-indexed`), else the recipe would train on mock data;
@@ -610,12 +611,26 @@ def _lora_overrides(lora: LoRAConfig, kwargs: Mapping[str, Any], field: str) -> 
 
 
 def _tokenizer_overrides(tokenizer: str | None) -> dict[str, Any]:
-    """The stage's own HF tokenizer directory, when given, in place of the recipe's Hub tokenizer."""
+    """The stage's own HF tokenizer directory, when given, in place of the recipe's Hub tokenizer.
+
+    The run builds it with the transformers Megatron-Bridge pins (training/setup.py's build_tokenizer:
+    AutoTokenizer.from_pretrained), which also reads a config.json in the directory and refuses ours
+    (engines/megatron/hf_config.py): a stage passes a directory that release reads, the prepared
+    tokenizer or hf_config.megatron_tokenizer_dir's copy, never a checkpoint directory of ours.
+
+    The AutoTokenizer arguments become exactly `{use_fast: true}`, which takes two overrides, as the
+    chat preprocessing does (chat_jsonl_overrides): set to null, then appended. In 0.6.2 the recipes'
+    `hf_tokenizer_kwargs` is a struct-mode mapping whose keys are fixed: the 30B-A3B recipes (and the
+    tiny shape, which runs them) leave it empty, so a plain `tokenizer.hf_tokenizer_kwargs={use_fast:true}`
+    is refused ("Could not override 'tokenizer.hf_tokenizer_kwargs'. To append to your config use +..."),
+    and the 4B recipes hold {revision, use_fast}, into which it merges, keeping the pinned Hub revision.
+    Null, then `+` gives {use_fast: true} on both (checked through the release: test_real_plans.py)."""
     if tokenizer is None:
         return {}
     return {"tokenizer.tokenizer_type": "HuggingFaceTokenizer",
             "tokenizer.tokenizer_model": os.path.abspath(tokenizer),
-            "tokenizer.hf_tokenizer_kwargs": {"use_fast": True}}  # drops a recipe's pinned Hub revision
+            "tokenizer.hf_tokenizer_kwargs": None,  # drops the recipe's own (a pinned Hub revision)
+            "+tokenizer.hf_tokenizer_kwargs": {"use_fast": True}}
 
 
 def _logger_overrides(train: TrainConfig, mlflow: MLflowTarget | None) -> dict[str, Any]:
@@ -667,10 +682,24 @@ def _dataset_preset(stage_mode: str, dataset: str | None, blend: Sequence[tuple[
     return dataset
 
 
+TRAIN_ONLY_SPLIT = "1,0,0"
+"""`dataset.split` of every plan over our indexed data: every document of every prefix trains.
+
+The megatron-indexed preset's own split is "9999,8,2" (recipes/utils/dataset_utils.py), for
+validation and test splits our runs never evaluate (`_VALIDATION_OFF`): it holds the last ~0.1% of
+each prefix's documents back from training, and a prefix of fewer than about 2,500 documents leaves
+the test split none, where megatron-core's GPTDataset, asked for its 0 samples, counts epochs of 0
+tokens forever (`_get_num_epochs`): the run hangs while building its data. A `blend` is read with
+`split` (BlendedMegatronDatasetConfig.__post_init__, run by GPTDatasetConfig.finalize(), turns it into
+`split_matrix`); "1,0,0" gives [(0, 1), None, None], so no validation or test dataset is built at
+all. A string, so Hydra gets it quoted (`dataset.split="1,0,0"`; unquoted, `1,0,0` is a sweep)."""
+
+
 def _blend_overrides(blend: Sequence[tuple[str, float]]) -> dict[str, Any]:
-    """A pretraining blend as GPTDataset's `dataset.blend`: [absolute path prefixes, float weights]."""
+    """A pretraining blend as GPTDataset's `dataset.blend` ([absolute path prefixes, float weights]),
+    all of it the training split (TRAIN_ONLY_SPLIT)."""
     paths = [os.path.abspath(p) for p, _ in blend]
-    return {"dataset.blend": [paths, [float(w) for _, w in blend]]}
+    return {"dataset.blend": [paths, [float(w) for _, w in blend]], "dataset.split": TRAIN_ONLY_SPLIT}
 
 
 def _checked_dataset_overrides(extra: Mapping[str, Any], planned: Mapping[str, Any], field: str) -> dict[str, Any]:

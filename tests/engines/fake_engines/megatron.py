@@ -6,8 +6,8 @@ arguments and do the smallest true thing with them.
   `_collect_overrides` does); every rank starts (torchrun sets RANK); rank 0 checks the blend's
   indexed datasets exist, that `checkpoint.pretrained_checkpoint` was imported, and for a
   `dataset.dataset_root` that the chat preprocessing is selected and that every row of its
-  training.jsonl renders with the run's tokenizer's chat template and the row's
-  `chat_template_kwargs` (counting the supervised tokens); logs two metrics into the MLflow run
+  training.jsonl renders with the run's tokenizer's chat template from its messages and tools
+  alone, as the release renders it (counting the supervised tokens); logs two metrics into the MLflow run
   named by MLFLOW_RUN_ID (the stage's), prints iteration lines, records its arguments (and rows)
   in `<checkpoint.save>/launches.jsonl` and writes `<checkpoint.save>/iter_<train_iters>/`.
   FAKE_MEGATRON_FAIL=1 makes it exit 3 after a line.
@@ -64,7 +64,7 @@ if "dataset.dataset_root" in opts:
     for line in lines:
         row = json.loads(line)
         out = tok.apply_chat_template(row["messages"], tools=row.get("tools"), tokenize=True, return_dict=True,
-                                      return_assistant_tokens_mask=True, **row.get("chat_template_kwargs", {}))
+                                      return_assistant_tokens_mask=True)  # as 0.6.2: messages and tools only
         supervised += sum(out["assistant_masks"])
     print(f"dataset: {rows} conversations, {supervised} supervised tokens", flush=True)
 import mlflow

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from stagewise.data.long_context_config import LengthShare, LongContextDataConfig
 from stagewise.engines.megatron.indexed_data import index_bytes, read_indexed
@@ -23,12 +24,33 @@ MLFLOW = MLflowTarget("sqlite:////w/mlflow.db", "tiny", "run1", "sft/stage1")
 CONVERT = "scripts/conversion/run_conversion.py"
 
 
-def _start(tmp_path):
-    """An HF checkpoint directory of the tiny shape (its config.json is what the translation reads)."""
-    start = tmp_path / "start"
+LAYERS = ["linear_attention", "full_attention", "moe", "linear_attention", "mlp", "moe"]
+"""tiny's M*EM-E as our transformers saves it (`layers_block_type`, the names the pinned one refuses)."""
+TOKENIZER_FILES = ["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"]
+NOT_TOKENIZER = ["model.safetensors", "model.safetensors.index.json", "stagewise.json"]
+
+
+def _start(tmp_path, name="start"):
+    """An HF checkpoint directory of the tiny shape (its config.json is what the translation reads), with
+    stand-ins for the tokenizer's files, the weights and our metadata."""
+    start = tmp_path / name
     start.mkdir()
-    (start / "config.json").write_text(json.dumps({**preset_kwargs("tiny"), "vocab_size": 300}))
+    (start / "config.json").write_text(json.dumps({**preset_kwargs("tiny"), "vocab_size": 300,
+                                                   "layers_block_type": LAYERS}))
+    for f in TOKENIZER_FILES + NOT_TOKENIZER:
+        (start / f).write_text(f"{name}/{f}")
     return start
+
+
+def _assert_run_tokenizer(given: str, tokenizer_dir, out) -> None:
+    """The plan's tokenizer is `<out>/megatron-tokenizer`: the tokenizer's files linked, no weights or
+    metadata, config.json in the layer names the pinned transformers reads (hf_config.megatron_tokenizer_dir)."""
+    tok = out / "megatron-tokenizer"
+    assert given == f'"{tok}"'
+    assert sorted(p.name for p in tok.iterdir()) == sorted(["config.json", *TOKENIZER_FILES])
+    assert all((tok / f).is_symlink() and (tok / f).resolve() == (tokenizer_dir / f).resolve() for f in TOKENIZER_FILES)
+    doc = json.loads((tok / "config.json").read_text())
+    assert doc["layers_block_type"] == ["mamba", "attention", "moe", "mamba", "mlp", "moe"]
 
 
 def _overrides(argv: list[str]) -> dict[str, str]:
@@ -58,7 +80,8 @@ def test_long_context_imports_trains_its_one_length_on_the_blend_and_exports(tmp
         f'"{out / "megatron-import" / "iter_0000000"}"'
     assert o["dataset.blend"] == ('[["/w/data/p-megatron/web","/w/data/doc_qa-x-megatron/doc_qa",'
                                   '"/w/data/p-megatron/retrieval"],[0.79,0.2,0.01]]')
-    assert o["tokenizer.tokenizer_model"] == f'"{start}"' and o["rng.seed"] == "3"
+    assert o["rng.seed"] == "3" and o["dataset.split"] == '"1,0,0"'  # every document trains
+    _assert_run_tokenizer(o["tokenizer.tokenizer_model"], start, out)  # not the checkpoint itself
     assert export.entry == ["python", CONVERT, "export", "--device", "cpu", "--hf-model", str(hf_in),
                             "--megatron-path", str(out / "megatron" / "iter_0000002"), "--hf-path",
                             str(out / "megatron-export"), "--torch-dtype", "bfloat16", "--overwrite"]
@@ -66,10 +89,10 @@ def test_long_context_imports_trains_its_one_length_on_the_blend_and_exports(tmp
 
 
 def test_an_sft_sub_stage_reads_its_chat_rows_through_the_chat_preprocessing(tmp_path):
-    start, out = _start(tmp_path), tmp_path / "stage1"
+    start, chat, out = _start(tmp_path), _start(tmp_path, "chat-start"), tmp_path / "stage1"
     sub = SFTSubStage(name="stage1", tokens=2048, seq_length=512, global_batch=2, micro_batch=1,
                       blend={"weights": {"arithmetic": 1}}, precision="bf16")
-    plan = sft_plan(sub, ModelConfig(preset=None, **{"from": str(start)}), LAUNCH, str(start), "/w/sft_data/start-1",
+    plan = sft_plan(sub, ModelConfig(preset=None, **{"from": str(start)}), LAUNCH, str(start), str(chat),
                     out / "megatron-data", out, 3, MLFLOW, field="stages.sft.stages[0]")
     assert [s.name for s in plan.steps] == ["megatron-import-stage1", "megatron-train-stage1", "megatron-export-stage1"]
     train = plan.steps[1].entry
@@ -80,7 +103,8 @@ def test_an_sft_sub_stage_reads_its_chat_rows_through_the_chat_preprocessing(tmp
                           'ChatSFTPreprocessingConfig",loss_mode:"assistant"}',
                           "dataset.do_validation=false", "dataset.do_test=false"]
     o = _overrides(train)
-    assert o["tokenizer.tokenizer_model"] == '"/w/sft_data/start-1"'
+    _assert_run_tokenizer(o["tokenizer.tokenizer_model"], chat, out)  # the chat tokenizer, not the start's
+    assert "dataset.split" not in o
     assert o["dataset.offline_packing_specs"] == ('{_target_:"megatron.bridge.data.packing.PackedSequenceSpecs",'
                                                   'packed_sequence_size:512,pad_seq_to_mult:1}')
     assert o["model.calculate_per_token_loss"] == "true" and o["train.train_iters"] == "2"
@@ -123,3 +147,31 @@ def test_megatron_bridge_is_handed_a_copy_in_the_layer_names_its_transformers_re
     same = {"_name_or_path": None, "transformers_version": None}
     assert AutoConfig.from_pretrained(copy).to_dict() | same == AutoConfig.from_pretrained(tiny_checkpoint).to_dict() | same
     assert megatron_hf_dir(tiny_checkpoint, copy) == copy  # made afresh, again
+
+
+def test_the_run_tokenizer_is_the_tokenizers_own_files(tiny_checkpoint, tmp_path):
+    """megatron_tokenizer_dir of a saved checkpoint: every file but the weights (and our metadata),
+    config.json rewritten; of a tokenizer alone (as data prepare leaves one): its files, no config.json.
+    Our transformers reads both as the checkpoint's tokenizer (the release reading the first:
+    test_real_plans.py)."""
+    from transformers import AutoTokenizer
+
+    from stagewise.engines.megatron.hf_config import megatron_tokenizer_dir
+    from stagewise.model.checkpoint import _is_weights
+
+    tok = megatron_tokenizer_dir(tiny_checkpoint, tmp_path / "tok")
+    kept = sorted(p.name for p in tiny_checkpoint.iterdir() if p.is_file() and not _is_weights(p.name)
+                  and p.name != "stagewise.json")
+    assert sorted(p.name for p in tok.iterdir()) == kept and "config.json" in kept
+    assert not any(_is_weights(p.name) for p in tok.iterdir())
+    assert json.loads((tok / "config.json").read_text())["layers_block_type"][:2] == ["mamba", "attention"]
+    ours = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    assert AutoTokenizer.from_pretrained(tok).get_vocab() == ours.get_vocab()
+    alone = tmp_path / "alone"
+    ours.save_pretrained(alone)
+    copy = megatron_tokenizer_dir(alone, tmp_path / "alone-tok")
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in alone.iterdir())
+    assert not (copy / "config.json").exists()
+    assert megatron_tokenizer_dir(alone, copy) == copy  # made afresh, again
+    with pytest.raises(FileNotFoundError, match="tokenizer_config.json"):
+        megatron_tokenizer_dir(tmp_path / "nothing", tmp_path / "x")

@@ -211,6 +211,7 @@ def test_the_argv_is_run_recipe_with_the_cards_override_text():
     assert ('dataset.offline_packing_specs={_target_:"megatron.bridge.data.packing.PackedSequenceSpecs",'
             'packed_sequence_size:2048,pad_seq_to_mult:1}') in argv
     assert 'dataset.dataset_root="/runs/r/data/sft-megatron"' == argv[-1]
+    assert "dataset.split" not in plan.overrides  # SFT reads its rows (local-jsonl), not indexed data
     _, lc = _plan("nemotron-3-nano-4b", NANO_4B["sft_32k"])
     for text in ("model.sequence_parallel=true", "model.cp_comm_type=\"a2a\"", "model.calculate_per_token_loss=true",
                  "ddp.average_in_collective=false", "model.tensor_model_parallel_size=2",
@@ -233,6 +234,9 @@ def test_pretrain_blend_selects_the_indexed_dataset():
     _, plan = _plan("nemotron-3-nano-4b", NANO_4B["pretrain"])
     assert plan.dataset == "megatron-indexed"
     assert 'dataset.blend=[["/runs/r/data/megatron/web"],[1.0]]' in plan.argv()
+    # all of it the training split: the preset's "9999,8,2" would hold documents back for splits we
+    # never evaluate, and hang the data build on a prefix of fewer than ~2,500 documents
+    assert plan.overrides["dataset.split"] == "1,0,0" and 'dataset.split="1,0,0"' in plan.argv()
     assert "checkpoint.pretrained_checkpoint" not in plan.overrides  # random init, as the card
 
 
@@ -422,9 +426,22 @@ def test_long_context_is_pretraining_at_its_single_length():
     assert (o["dataset.seq_length"], o["train.global_batch_size"], o["train.micro_batch_size"]) == (32768, 8, 1)
     assert o["train.train_iters"] == 50 and o["scheduler.lr_decay_style"] == "constant"
     assert o["optimizer.lr"] == o["optimizer.min_lr"] == 3e-4
+    assert o["dataset.split"] == "1,0,0"  # our indexed data, all of it trained on, as in pretraining
     mixed = LongContextStage(tokens=10 * 4096, data=LongContextDataConfig(global_batch_tokens=4096))
     with pytest.raises(MegatronUnsupported, match=r"^stages\.long_context\.data\.lengths: .*one sequence length"):
         long_context_train_config(mixed)
+
+
+def test_a_stage_tokenizer_replaces_the_recipes_tokenizer_and_its_arguments():
+    """The stage's directory with exactly {use_fast: true}: nulled, then appended (the 30B-A3B recipes'
+    empty mapping refuses a new key, the 4B recipes' would keep their pinned Hub revision; both through
+    the release in test_real_plans.py)."""
+    args = _tiny_plan(_small(), tokenizer="/runs/r/tokenizer").override_args()
+    i = args.index('tokenizer.tokenizer_type="HuggingFaceTokenizer"')
+    assert args[i:i + 4] == ['tokenizer.tokenizer_type="HuggingFaceTokenizer"',
+                             'tokenizer.tokenizer_model="/runs/r/tokenizer"', "tokenizer.hf_tokenizer_kwargs=null",
+                             "+tokenizer.hf_tokenizer_kwargs={use_fast:true}"]
+    assert not any(a.startswith("tokenizer.") for a in _tiny_plan(_small()).override_args())  # the recipe's own
 
 
 # --------------------------------------------------------------------------- logging and checkpoints

@@ -16,10 +16,18 @@ The plans:
 - the published Nano 4B runs (pretrain, SFT 2k, SFT 32k, LoRA) and the Nano 30B-A3B pretraining and
   SFT defaults as test_megatron_translate.py writes them, a 30B-A3B LoRA run on the PEFT recipe's
   defaults (_nano_30b_lora), and a 4B long-context block at 32k;
-- probes that must be refused: the SFT and LoRA override text the translation used to write, and a
-  global batch the data-parallel ranks cannot split, so a pass means the check can fail; and one
-  that must read differently: the 30B-A3B SFT plan against a Hub cache whose config has another
-  vocabulary, which the validated model must carry.
+- an SFT sub-stage and a long-context block as engines/megatron/stage.py plans them on directories
+  our code wrote (stage_plans): the SFT chat start data.sft_assembly.make_chat_start makes of the
+  `tiny_checkpoint` fixture (saved by our transformers), and that checkpoint itself for long
+  context. Besides validating, each has its tokenizer built as the training run builds it
+  (validate_plans.py step 9: build_tokenizer(cfg.tokenizer)), which must be the directory's
+  tokenizer as ours reads it (vocabulary, ids, chat template);
+- probes that must be refused: the SFT, LoRA and tokenizer-argument override text the translation
+  used to write, a global batch the data-parallel ranks cannot split, and the SFT stage plan with
+  the chat start itself as its tokenizer (what the stage used to hand over: the release's tokenizer
+  build refuses our config.json), so a pass means the check can fail; and one that must read differently: the
+  30B-A3B SFT plan against a Hub cache whose config has another vocabulary, which the validated
+  model must carry.
 
 The Hub, offline: the 30B-A3B SFT and PEFT recipe functions (HUB_RECIPES) build their model with
 `AutoBridge.from_hf_pretrained("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
@@ -79,6 +87,14 @@ READ_SFT = ["dataset.offline_packing_specs", "dataset.offline_packing_specs.pack
 READ_LORA = ["peft", "peft.dim", "peft.alpha", "peft.dropout", "peft.target_modules"]
 READ_HUB = ["model.vocab_size", "model.num_layers", "model.hybrid_layer_pattern"]
 """Read back where the model comes from the cached config (HUB_RECIPES)."""
+READ_PRETRAIN = ["dataset.split", "dataset.split_matrix"]
+"""Read back from pretraining and long-context plans (our indexed data): the split, and the split
+matrix megatron-core derives from it when the dataset config is finalized."""
+READ_TOKENIZER = ["tokenizer.tokenizer_model", "tokenizer.hf_tokenizer_kwargs"]
+"""Read back from plans that name their own tokenizer."""
+TOKENIZER_PROBE = {"text": "12 + 30 = 42", "messages": [{"role": "user", "content": "What is 12 + 30?"},
+                                                        {"role": "assistant", "content": "42."}]}
+"""What the built tokenizer is asked to tokenize and render (validate_plans.py step 9)."""
 
 
 def _nano_30b_lora() -> dict:
@@ -174,8 +190,9 @@ def _recipe_plans() -> list[tuple[str, object, object]]:
 
 def _entry(name: str, plan, launch) -> dict:
     """One plan as validate_plans.py reads it, with what to read back from the validated config."""
-    read = READ + (READ_SFT if plan.mode != "pretrain" else []) + (READ_LORA if plan.mode == "lora" else []) \
-        + (READ_HUB if plan.recipe in HUB_RECIPES else [])
+    read = READ + (READ_SFT if plan.mode != "pretrain" else READ_PRETRAIN) \
+        + (READ_LORA if plan.mode == "lora" else []) + (READ_HUB if plan.recipe in HUB_RECIPES else []) \
+        + (READ_TOKENIZER if "tokenizer.tokenizer_model" in plan.overrides else [])
     return {"name": name, "argv": plan.argv()[2:], "world_size": launch.gpus, "read": read,
             "recipe": plan.recipe, "plan": plan, "launch": launch}
 
@@ -201,8 +218,74 @@ def all_plans(probe_cache: Path | None = None) -> list[dict]:
     return plans + _probes({e["name"]: e for e in plans}, probe_cache)
 
 
+def stage_plans(checkpoint: Path, root: Path) -> list[dict]:
+    """An SFT sub-stage and a long-context block planned by engines/megatron/stage.py itself on real
+    directories (the MegatronPlans captured as _checked_plans captures them), each with its tokenizer
+    to build and `tokenizer_dir`, the directory the stage was given as tokenizer; then the probe: the
+    SFT plan's text with that directory itself as `tokenizer.tokenizer_model`.
+
+    SFT: the chat start our SFT stage makes of `checkpoint` (data.sft_assembly.make_chat_start, as
+    tasks/sft_data.py's sft_start_task), as start checkpoint and chat tokenizer; long context:
+    `checkpoint`, as pretraining hands it on. No MLflow run (mlflow=None): Megatron-Bridge's logger
+    config imports mlflow when one is named, and the side environment is built without it (megatron-bridge
+    0.6.2 requires mlflow, but dev.py installs it with --no-deps and MEGATRON_PINS leaves mlflow out)."""
+    from stagewise.data.long_context_config import LengthShare, LongContextDataConfig
+    from stagewise.data.sft_assembly import make_chat_start
+    from stagewise.engines.hydra_overrides import hydra_value
+    from stagewise.engines.megatron import stage, translate
+    from stagewise.model.config import ModelConfig
+    from stagewise.recipe import SFTSubStage, load_recipe
+    from stagewise.recipe.blocks.long_context import LongContextStage
+
+    launch = load_recipe(TINY, [*ON_MEGATRON, *FITS_MEGATRON]).recipe.stages.pretrain.launch
+    chat = root / "chat-start"
+    chat.mkdir(parents=True)
+    make_chat_start(checkpoint, chat)
+    sub = SFTSubStage(name="stage1", tokens=2 * 4 * 512, seq_length=512, global_batch=4, micro_batch=1,
+                      blend={"weights": {"arithmetic": 1}}, precision="bf16")
+    lc = LongContextStage(tokens=2 * 4 * 512, precision="bf16", data=LongContextDataConfig(
+        lengths=[LengthShare(length=512, share=1.0)], global_batch_tokens=4 * 512, micro_batch_tokens=2 * 512))
+    made, plan_megatron = [], translate.plan_megatron
+
+    def record(*a, **kw):
+        made.append(plan_megatron(*a, **kw))
+        return made[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(translate, "plan_megatron", record)
+        steps = [stage.sft_plan(sub, ModelConfig(preset=None, **{"from": str(chat)}), launch, str(chat), str(chat),
+                                root / "sft" / "megatron-data", root / "sft", 3, None, field="stages.sft.stages[0]"),
+                 stage.long_context_plan(lc, ModelConfig(preset=None, **{"from": str(checkpoint)}), launch,
+                                         str(checkpoint), root / "lc", 3, None, [(str(root / "indexed" / "web"), 1.0)])]
+    out = []
+    for name, given, plan, engine_plan in zip(("stage-sft", "stage-long-context"), (chat, checkpoint), made, steps):
+        assert engine_plan.steps[1].entry == plan.argv()  # the captured plan is the one its train step runs
+        out.append({**_entry(name, plan, launch), "tokenizer": TOKENIZER_PROBE, "tokenizer_dir": str(given)})
+    # the published 4B SFT run with the chat tokenizer: the 4B recipes pin a Hub revision in the
+    # tokenizer's arguments, which the plan's must replace (the 30B-A3B recipes above have none)
+    from tests.engines.megatron.test_megatron_translate import NANO_4B, SFT_DATA, _block, _launch
+
+    card = NANO_4B["sft"]
+    plan = translate.plan_sft(_block(card), _launch(card), ModelConfig(preset="nemotron-3-nano-4b"),
+                              save_dir=root / "4b" / "megatron", pretrained_checkpoint=root / "4b" / "import",
+                              dataset="local-jsonl", dataset_overrides=SFT_DATA,
+                              tokenizer=stage.run_tokenizer(chat, root / "4b"))
+    out.append({**_entry("tokenizer-4b-sft", plan, _launch(card)), "tokenizer": TOKENIZER_PROBE,
+                "tokenizer_dir": str(chat)})
+    key = "tokenizer.tokenizer_model="
+    raw = [a if not a.startswith(key) else key + hydra_value(str(chat)) for a in out[0]["argv"]]
+    assert raw != out[0]["argv"]
+    kwargs = ["tokenizer.hf_tokenizer_kwargs=null", "+tokenizer.hf_tokenizer_kwargs={use_fast:true}"]
+    i = out[0]["argv"].index(kwargs[0])
+    assert out[0]["argv"][i:i + 2] == kwargs
+    assigned = [*out[0]["argv"][:i], "tokenizer.hf_tokenizer_kwargs={use_fast:true}", *out[0]["argv"][i + 2:]]
+    return out + [{"name": "probe-raw-checkpoint-tokenizer", "argv": raw, "world_size": launch.gpus,
+                   "tokenizer": TOKENIZER_PROBE, "tokenizer_dir": str(chat)},
+                  {"name": "probe-tokenizer-kwargs-assigned", "argv": assigned, "world_size": launch.gpus}]
+
+
 @pytest.fixture(scope="module")
-def validated(megatron_python: Path, tmp_path_factory) -> tuple[list[dict], dict[str, dict], float]:
+def validated(megatron_python: Path, tiny_checkpoint, tmp_path_factory) -> tuple[list[dict], dict[str, dict], float]:
     """(the plans, validate_plans.py's result per name, the seconds the one subprocess took).
     The subprocess starts first (its imports are most of its time) and gets the plans on stdin once
     the Hub caches are written; it reads no plan before that."""
@@ -215,8 +298,9 @@ def validated(megatron_python: Path, tmp_path_factory) -> tuple[list[dict], dict
     try:
         hub_cache(Path(env["HF_HUB_CACHE"]))
         plans = all_plans(hub_cache(root / "probe-hub", vocab_size=PROBE_VOCAB))
-        text = json.dumps([{k: p[k] for k in ("name", "argv", "world_size", "read", "hf_hub_cache") if k in p}
-                           for p in plans], indent=1)
+        plans += stage_plans(tiny_checkpoint, root / "stage")
+        text = json.dumps([{k: p[k] for k in ("name", "argv", "world_size", "read", "hf_hub_cache", "tokenizer")
+                            if k in p} for p in plans], indent=1)
         (root / "plans.json").write_text(text)  # kept for a rerun by hand: validate_plans.py plans.json
         out, err = side.communicate(text, timeout=600)
     finally:
@@ -267,11 +351,15 @@ def test_the_release_reads_each_plan_as_the_plan_means_it(validated):
         assert read["data_parallel_size"] == p["launch"].data_parallel, p["name"]
         if p["plan"].mode == "pretrain":
             assert read["dataset"] == "GPTDatasetConfig", p["name"]
+            # our indexed data, all of it the training split (translate.TRAIN_ONLY_SPLIT): no validation
+            # or test dataset is built, none of our documents held back
+            assert read["dataset.split"] == o["dataset.split"] == "1,0,0", p["name"]
+            assert read["dataset.split_matrix"] == [[0, 1.0], None, None], p["name"]
         else:
             assert read["dataset"] == "GPTSFTDatasetConfig", p["name"]
             assert read["dataset.offline_packing_specs"] == "PackedSequenceSpecs", p["name"]
             assert read["dataset.offline_packing_specs.packed_sequence_size"] == o["dataset.seq_length"], p["name"]
-        if p["name"].startswith(("4b-recipe-", "tiny-")) and p["plan"].mode != "pretrain":
+        if p["name"].startswith(("4b-recipe-", "tiny-", "stage-")) and p["plan"].mode != "pretrain":
             assert read["dataset.preprocessing"] == "ChatSFTPreprocessingConfig", p["name"]  # chat_jsonl_overrides
 
 
@@ -282,7 +370,7 @@ def test_the_hub_recipes_build_the_cached_architecture(validated):
     plans, got, _ = validated
     preset = preset_kwargs(NANO_30B_A3B)
     hub = [p for p in plans if p.get("recipe") in HUB_RECIPES]
-    assert len(hub) == 6
+    assert len(hub) == 7  # with stage-sft (the tiny shape, from the chat start's config)
     for p in hub:
         o, read = p["plan"].overrides, got[p["name"]]["read"]
         pattern = o.get("model.hybrid_layer_pattern", preset["hybrid_override_pattern"])
@@ -337,6 +425,9 @@ def test_the_check_refuses_what_the_release_refuses(validated):
     assert (ok, error) == (False, "OverridesError") and "Could not override 'peft.dim'" in message
     ok, error, message = probe["probe-batch-over-12-ranks"]
     assert not ok and "1024" in message, message
+    # the tokenizer arguments as the translation used to write them, on a 30B-A3B recipe (stage-sft)
+    ok, error, message = probe["probe-tokenizer-kwargs-assigned"]
+    assert (ok, error) == (False, "OverridesError") and "Could not override 'tokenizer.hf_tokenizer_kwargs'" in message
 
 
 def test_the_hub_recipes_read_the_cache_we_wrote(validated):
@@ -346,3 +437,47 @@ def test_the_hub_recipes_read_the_cache_we_wrote(validated):
     assert probe["ok"], probe
     assert (probe["read"]["model.vocab_size"], card["read"]["model.vocab_size"]) == (PROBE_VOCAB, 131072)
     assert probe["read"]["model.hybrid_layer_pattern"] == card["read"]["model.hybrid_layer_pattern"]
+
+
+def test_the_stage_plans_tokenizer_builds_as_ours_reads_it(validated):
+    """SFT and long context hand the run a tokenizer directory the release's own build reads
+    (hf_config.megatron_tokenizer_dir's copy beside the run), and it is the stage's tokenizer: the
+    vocabulary, end of document, ids and chat rendering our transformers gives the same directory."""
+    from transformers import AutoTokenizer
+
+    plans, got, _ = validated
+    stage = [p for p in plans if p["name"].startswith(("stage-", "tokenizer-"))]
+    assert [p["name"] for p in stage] == ["stage-sft", "stage-long-context", "tokenizer-4b-sft"]
+    for p in stage:
+        assert got[p["name"]]["ok"], got[p["name"]]
+        read, built = got[p["name"]]["read"], got[p["name"]]["tokenizer"]
+        assert built["ok"], built
+        # exactly the plan's arguments (the 4B recipe's pinned Hub revision gone, the 30B-A3B's empty
+        # mapping given one), and the plan's directory
+        assert read["tokenizer.hf_tokenizer_kwargs"] == {"use_fast": True}, p["name"]
+        assert read["tokenizer.tokenizer_model"] == built["path"] == p["plan"].overrides["tokenizer.tokenizer_model"]
+        assert Path(built["path"]).name == "megatron-tokenizer" and built["path"] != p["tokenizer_dir"]
+        ours = AutoTokenizer.from_pretrained(p["tokenizer_dir"])
+        assert (built["vocab_size"], built["eod"]) == (len(ours), ours.eos_token_id), p["name"]
+        if p["plan"].mode == "pretrain":  # the pretrain recipes derive the model's from the tokenizer, padded
+            assert built["model_vocab"] == [len(ours), True], p["name"]  # (their use_tokenizer_vocab_size)
+        else:  # SFT keeps the model's: the 4B recipe's own, else the shape's (the checkpoint's config)
+            vocab = p["plan"].overrides.get("model.vocab_size", 131072)
+            assert built["model_vocab"] == [vocab, False] and vocab >= len(ours), p["name"]
+        assert built["ids"] == ours.encode(TOKENIZER_PROBE["text"], add_special_tokens=False), p["name"]
+        chat = ours.apply_chat_template(TOKENIZER_PROBE["messages"], tokenize=False) if ours.chat_template else None
+        assert built["chat"] == chat, p["name"]
+    assert "<|im_start|>" in got["stage-sft"]["tokenizer"]["chat"]  # the chat start's template
+    assert got["stage-long-context"]["tokenizer"]["chat"] is None  # a pretrained checkpoint: none yet
+
+
+def test_the_release_refuses_a_checkpoint_of_ours_as_the_tokenizer(validated):
+    """The probe: the stage-sft text with the chat start itself as tokenizer.tokenizer_model. The config
+    validates (nothing reads the tokenizer before training), then the tokenizer build refuses our
+    config.json: the failure the stage's run would have hit at its start."""
+    _, got, _ = validated
+    probe = got["probe-raw-checkpoint-tokenizer"]
+    assert probe["ok"], probe
+    built = probe["tokenizer"]
+    assert not built["ok"] and built["error"] == "ValueError", built
+    assert "layers_block_type" in built["message"] and "invalid types" in built["message"], built["message"]

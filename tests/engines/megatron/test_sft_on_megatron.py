@@ -67,7 +67,8 @@ def test_each_sub_stage_trains_its_conversations_on_megatron_and_the_last_export
     assert len(rows) == report["conversations"] > 0 and 0 < report["reasoning_off"] < len(rows)
     packing = json.loads(next((workdir / "sft_data").glob("packed-stage1-*/report.json")).read_text())["packing"]
     assert (report["conversations"], report["dropped"]) == (packing["conversations"], packing["dropped"])
-    assert {tuple(json.loads(r)) for r in rows} >= {("id", "messages", "chat_template_kwargs")}
+    keys = {tuple(json.loads(r)) for r in rows}  # no template variables: Megatron-Bridge 0.6.2 never reads them
+    assert keys <= {("id", "messages"), ("id", "messages", "tools")} and ("id", "messages") in keys
 
     (one,), (two,) = _launches(stage1), _launches(stage2)
     assert one["world_size"] == 2 and one["rows"] == len(rows) and one["supervised"] > 0

@@ -8,10 +8,12 @@ PLANS.json is a list of `{"name": ..., "argv": [...], "world_size": N, "read": [
 is what our plan hands `scripts/training/run_recipe.py` (MegatronPlan.argv() after the script path:
 `--recipe`, `--mode`, `--dataset`, then the `key=value` overrides exactly as rendered),
 `world_size` the ranks the launch starts, and `read` (optional) dotted paths of the validated
-config to report. For each plan this prints one JSON line, `{"plan": name, "ok": true,
-"cpu_only": [...], "read": {path: value}}` or `{"plan": name, "ok": false, "error": TYPE,
-"message": ...}`. The library is imported before the plans are read, so a caller may start this
-script and write the plans to its stdin once what they need (the Hub cache below) is on disk.
+config to report; a plan with `"tokenizer": {"text": ..., "messages": [...]}` also has its
+tokenizer built (step 9). For each plan this prints one JSON line, `{"plan": name, "ok": true,
+"cpu_only": [...], "read": {path: value}}` (and `"tokenizer": {"ok": ...}`) or `{"plan": name,
+"ok": false, "error": TYPE, "message": ...}`. The library is imported before the plans are read,
+so a caller may start this script and write the plans to its stdin once what they need (the Hub
+cache below) is on disk.
 
 The Hub: the Nano 30B-A3B SFT and PEFT recipe functions build their model with
 `AutoBridge.from_hf_pretrained("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
@@ -44,7 +46,15 @@ recipe_runner.py on the release branch r0.6.0); every other step is the installe
 7. CPU-only settings (CPU_ONLY below), never over a key the plan sets;
 8. `training.config.runtime_config_update`, with WORLD_SIZE / RANK set to the launch's ranks, as
    pretrain()/finetune() call it first: mixed precision and communication overlap set up, the
-   data-parallel size derived, then `ConfigContainer.validate()`.
+   data-parallel size derived, then `ConfigContainer.validate()`;
+9. (plans that ask) the run's tokenizer, as training/setup.py builds it once the config is
+   validated: `training.tokenizers.tokenizer.build_tokenizer(cfg.tokenizer)` (megatron-core's
+   HuggingFaceTokenizer, i.e. the pinned transformers' AutoTokenizer.from_pretrained on
+   `tokenizer.tokenizer_model`), reported as its class, vocabulary size, end-of-document id, the ids
+   of the given text (`tokenize`) and the conversation rendered by its chat template
+   (`apply_chat_template(..., tokenize=False)`; null without one), and the model vocabulary setup.py settles on next
+   (`_validate_and_set_vocab_size`: [size, pad]); or as the error it raises (its own result: the
+   config itself validated).
 
 The CPU stand-ins for Transformer Engine and CUDA come from harness.py beside this file.
 """
@@ -248,9 +258,9 @@ def _ranks(world_size: int):
                 os.environ[k] = v
 
 
-def validate(argv: list[str], world_size: int, read: list[str] = ()) -> tuple[list[str], dict]:
+def validate(argv: list[str], world_size: int, read: list[str] = ()):
     """Steps 1-8 for one plan; raises what the library (or the script's check) raises, else
-    returns the CPU-only settings applied and the `read` paths of the validated config."""
+    returns the CPU-only settings applied, the `read` paths of the validated config, and the config."""
     from megatron.bridge.training.config import runtime_config_update
     from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
 
@@ -265,20 +275,51 @@ def validate(argv: list[str], world_size: int, read: list[str] = ()) -> tuple[li
     applied = _apply_cpu_only(cfg, overrides)
     with _ranks(world_size), _imported_checkpoint(cfg):
         runtime_config_update(cfg)
-    return applied, {path: _read(cfg, path) for path in read}
+    return applied, {path: _read(cfg, path) for path in read}, cfg
+
+
+def run_tokenizer(cfg, probe: dict) -> dict:
+    """Step 9: the validated config's tokenizer built as a training run builds it, and what it makes of
+    `probe` (its text and its conversation); an error is the result, not raised."""
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+
+    from megatron.bridge.training.setup import _validate_and_set_vocab_size
+
+    try:
+        tok = build_tokenizer(cfg.tokenizer)
+        model_vocab = _validate_and_set_vocab_size(cfg.model.vocab_size, tok.vocab_size,
+                                                   getattr(cfg.tokenizer, "use_tokenizer_vocab_size", False))
+        return {"ok": True, "path": str(cfg.tokenizer.tokenizer_model), "class": type(tok).__name__,
+                "vocab_size": tok.vocab_size, "eod": tok.eod, "ids": list(tok.tokenize(probe["text"])),
+                "chat": tok.apply_chat_template(probe["messages"], tokenize=False) if tok.chat_template else None,
+                "model_vocab": list(model_vocab)}
+    except Exception as e:  # noqa: BLE001 - the refusal is the result
+        return {"ok": False, "path": str(cfg.tokenizer.tokenizer_model), "error": type(e).__name__,
+                "message": str(e)[:2000]}
 
 
 def _read(cfg, path: str):
-    """A dotted attribute of the validated config: JSON values as they are, anything else by its type
-    name (`dataset.offline_packing_specs` -> "PackedSequenceSpecs")."""
+    """A dotted attribute of the validated config: JSON values as they are (lists, tuples and
+    string-keyed dicts of them, nested, as lists and objects: `dataset.split_matrix` -> [[0, 1.0],
+    None, None]), anything else by its type name (`dataset.offline_packing_specs` -> "PackedSequenceSpecs")."""
     value = cfg
     for part in path.split("."):
         value = getattr(value, part)
+    return _plain(value) if _is_plain(value) else type(value).__name__
+
+
+def _is_plain(value) -> bool:
     if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str)) for v in value):
-        return list(value)
-    return type(value).__name__
+        return True
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return isinstance(value, (list, tuple)) and all(_is_plain(v) for v in value)
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def main() -> None:
@@ -295,8 +336,10 @@ def main() -> None:
     for plan in plans:
         try:
             with _hub_cache(plan.get("hf_hub_cache")):
-                applied, values = validate(plan["argv"], plan["world_size"], plan.get("read", []))
+                applied, values, cfg = validate(plan["argv"], plan["world_size"], plan.get("read", []))
             result = {"plan": plan["name"], "ok": True, "cpu_only": applied, "read": values}
+            if "tokenizer" in plan:
+                result["tokenizer"] = run_tokenizer(cfg, plan["tokenizer"])
         except Exception as e:  # noqa: BLE001 - every refusal is a result, reported by name
             result = {"plan": plan["name"], "ok": False, "error": type(e).__name__,
                       "message": str(e)[:2000], "where": traceback.format_exc(limit=-3)[-1500:]}
