@@ -171,6 +171,26 @@ def render(conv: dict, tokenizer: Any, reasoning: bool = True,
     return examples[0]
 
 
+TURN_PROBE = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+
+
+def turn_end_token(tokenizer: Any) -> str | None:
+    """The added token that closes an assistant turn in the tokenizer's template (ChatML's
+    <|im_end|>, Llama 3's <|eot_id|>): where generation must stop and what a chat checkpoint's
+    generation_config lists among its eos ids. Read off the template by rendering a one-turn
+    probe; None without a template, or when the turn ends in no added token."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        prompt = chat_text(TURN_PROBE[:1], tokenizer, add_generation_prompt=True, name="the turn-end probe")
+        whole = chat_text(TURN_PROBE, tokenizer, name="the turn-end probe")
+    except BadInput:
+        return None
+    turn = whole[len(prompt):].rstrip() if whole.startswith(prompt) else whole.rstrip()
+    ends = [t.content for t in tokenizer.added_tokens_decoder.values() if t.content.strip() and turn.endswith(t.content)]
+    return max(ends, key=len) if ends else None
+
+
 def _named(conv: dict) -> str:
     return f"conversation {conversation_id(conv)!r}"
 

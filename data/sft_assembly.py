@@ -172,11 +172,16 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def set_chat_eos(ckpt: Path) -> None:
-    """Add <|im_end|> to `ckpt`'s generation_config.json eos ids (no-op without the chat tokens)."""
+    """Add the template's turn-end token (data.chat.turn_end_token: <|im_end|> for ours) to `ckpt`'s
+    generation_config.json eos ids (no-op when the template ends turns in no added token)."""
     from transformers import AutoTokenizer
 
-    im_end = AutoTokenizer.from_pretrained(str(ckpt)).convert_tokens_to_ids(IM_END)
-    if not isinstance(im_end, int) or im_end < 0:
+    from stagewise.data.chat import turn_end_token
+
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    end = turn_end_token(tok)
+    im_end = tok.convert_tokens_to_ids(end) if end else None
+    if not isinstance(im_end, int) or im_end < 0 or im_end == tok.unk_token_id:
         return
     path = ckpt / "generation_config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}

@@ -96,8 +96,12 @@ def shape(text: str) -> str:
 
 
 def end_ids(tokenizer: Any) -> list[int]:
-    """Tokens that end a response: <|im_end|> and the tokenizer's eos."""
-    ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>",)]
+    """Tokens that end a response: the token the template closes an assistant turn with
+    (data.chat.turn_end_token: <|im_end|> for ChatML, <|eot_id|> for Llama 3) and the tokenizer's eos."""
+    from stagewise.data.chat import turn_end_token
+
+    end = turn_end_token(tokenizer)
+    ids = [tokenizer.convert_tokens_to_ids(end)] if end else []
     ids = [i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0]
     return ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
 

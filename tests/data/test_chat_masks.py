@@ -299,3 +299,31 @@ def test_a_turn_without_an_end_token_is_refused(with_template):
     with pytest.raises(BadInput, match=r"conversation 'short': assistant turn 0 \(message 1\) cannot be masked "
                                        r"exactly: the turn ends in no special token"):
         render_examples(SHORT, with_template(plain))
+
+
+@pytest.mark.parametrize("template, end", [("chatml_think_kwarg.jinja", "<|im_end|>"),
+                                           ("chatml_system_flag.jinja", "<|im_end|>"),
+                                           ("llama3_tools.jinja", "<|eot_id|>")])
+def test_the_turn_end_token_is_the_templates_own_and_generation_stops_there(with_template, tmp_path, template, end):
+    import json
+
+    from stagewise.data.chat import turn_end_token
+    from stagewise.data.sft_assembly import set_chat_eos
+    from stagewise.eval.heldout import end_ids
+
+    tok = with_template(template)
+    assert turn_end_token(tok) == end
+    assert end_ids(tok)[0] == tok.convert_tokens_to_ids(end)
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": 0}')
+    set_chat_eos(tmp_path)
+    assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == [
+        0, tok.convert_tokens_to_ids(end)]
+
+
+def test_a_tokenizer_without_a_template_has_no_turn_end(tokenizer_dir):
+    from stagewise.data.chat import turn_end_token
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.chat_template = None
+    assert turn_end_token(tok) is None
