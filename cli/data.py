@@ -123,6 +123,24 @@ def _chat_tokenizer(path: Path):
     return load_chat_tokenizer(path)
 
 
+def _switch(text: Optional[str]):
+    """--reasoning-switch read as the recipe's field is (YAML, then its schema), or BadInput naming the flag."""
+    import yaml
+    from pydantic import TypeAdapter, ValidationError
+
+    from stagewise.data.reasoning_switch import SwitchSetting
+
+    if text is None:
+        return "auto"
+    try:
+        return TypeAdapter(SwitchSetting).validate_python(yaml.safe_load(text))
+    except yaml.YAMLError as e:
+        raise BadInput(f"--reasoning-switch: not YAML: {e}") from None
+    except ValidationError as e:
+        why = "; ".join(": ".join(x for x in (".".join(str(p) for p in err["loc"]), err["msg"]) if x) for err in e.errors())
+        raise BadInput(f"--reasoning-switch: {why} (got {text!r})") from None
+
+
 def _read_conversations(path: Path) -> list[dict]:
     """Curated conversations; a line that is not a well-formed conversation is bad input."""
     from stagewise.data.curate.structural import Rejected, check_structure, parse_line
@@ -148,7 +166,11 @@ def data_pack(
     tokenizer: Path = typer.Option(..., "--tokenizer", help="Tokenizer directory (the chat template is added when missing)."),
     pack_size: int = typer.Option(..., "--pack-size", min=1, help="Tokens per pack (training sequence length)."),
     reasoning_off: float = typer.Option(0.0, "--reasoning-off-fraction", min=0.0, max=1.0, help="Fraction rendered with reasoning off."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the reasoning-off choice."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the reasoning-off choice (an SFT sub-stage i uses the recipe's seed + i)."),
+    reasoning_switch: Optional[str] = typer.Option(
+        None, "--reasoning-switch", help="How the template turns reasoning off, as the recipe's tokenizer.reasoning_switch "
+        "(YAML): auto (the default), '{kind: system_flag, when_off: /no_think, when_on: /think}', "
+        "'{kind: kwarg, name: enable_thinking}' or '{kind: none}'."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the packed rows here (.npz)."),
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,
@@ -156,7 +178,9 @@ def data_pack(
     """Render conversations with the chat template and best-fit-decreasing pack them.
 
     Reports packs, efficiency (packed tokens / pack capacity), conversations dropped for
-    being longer than a pack, and supervised (assistant) tokens.
+    being longer than a pack, supervised (assistant) tokens and conversations rendered with
+    reasoning off: with the sub-stage's fraction, seed and the recipe's switch, what the SFT
+    stage packs from the same conversations.
 
     \b
     Example:
@@ -167,8 +191,10 @@ def data_pack(
     from stagewise.data.sft_config import PackingConfig
     from stagewise.data.sft_data import pack_conversations, save_packed
 
+    switch = _switch(reasoning_switch)
     tok = _chat_tokenizer(tokenizer)
-    packed = pack_conversations(_read_conversations(source), tok, PackingConfig(pack_size=pack_size), reasoning_off, seed)
+    packed = pack_conversations(_read_conversations(source), tok, PackingConfig(pack_size=pack_size), reasoning_off, seed,
+                                switch)
     summary = packed.to_dict()
     if out is not None:
         summary["out"] = str(save_packed(out, packed.rows))

@@ -93,7 +93,8 @@ def check_starts(recipe: Recipe, names: list[str]) -> None:
     if recipe.model.from_ is None:
         raise RecipeError([f"--stages {','.join(names)}: stages.{first.name} {NO_START}"])
     if not (Path(recipe.model.from_) / "config.json").is_file():
-        raise RecipeError([f"model.from: {recipe.model.from_} is not a checkpoint directory (no config.json)"])
+        raise RecipeError([f"model.from: {recipe.model.from_} is not a checkpoint directory (no config.json); "
+                           f"stages.{first.name} starts there: point it at one, --set model.from=PATH"])
 
 
 def runtime_of(loaded: LoadedRecipe) -> Runtime:

@@ -64,8 +64,19 @@ def select(recipe: Recipe) -> QuantizeInputs | None:
     sft = recipe.stages.sft
     world = recipe.data.world
     return QuantizeInputs(stage=recipe.stages.quantize, model_from=recipe.model.from_, data=recipe.data,
-                          tokenizer=recipe.tokenizer, sft_world=sft.data.world if sft else None,
+                          tokenizer=validation_tokenizer(recipe), sft_world=sft.data.world if sft else None,
                           world_entities=world.facts if world else WORLD_ENTITIES, suites=recipe.eval)
+
+
+def validation_tokenizer(recipe: Recipe) -> TokenizerConfig:
+    """The tokenizer the validation text is prepared with: the recipe's, except in a recipe that trains
+    none (no stages.pretrain, tokenizer.path unset) and starts from `model.from`: then that checkpoint's
+    own, the only vocabulary its descendants read (a BPE trained for the recipe would not be theirs,
+    and validation_streams refuses it)."""
+    tok = recipe.tokenizer
+    if recipe.stages.pretrain is not None or tok.path is not None or recipe.model.from_ is None:
+        return tok
+    return tok.model_copy(update={"path": str(Path(recipe.model.from_).expanduser().resolve())})
 
 
 def data_root(block: QuantizeInputs, upstream: Upstream, workdir: str, seed: int, base_dir: str,

@@ -76,18 +76,25 @@ class Facts:
         try:
             from stagewise.model.inspect import inspect_model
 
-            report = inspect_model(self.recipe.model, self.recipe.tokenizer.vocab_size, seq_length=1, micro_batch=1)
+            report = inspect_model(self.recipe.model, self._vocab, seq_length=1, micro_batch=1)
         except (BadInput, OSError, ValueError, TypeError):  # a model that cannot be built: no model facts
             return None
         tied = bool(self._meta.config.tie_word_embeddings) if self._meta is not None else False
         return ModelFacts(report.total_params, any(r.kind == "moe" for r in report.layers), tied)
+
+    @property
+    def _vocab(self) -> int | None:
+        """The vocabulary the network is built for: tokenizer.vocab_size sizes the BPE trained for a preset;
+        a `model.from` checkpoint has its own (its config's; a bigger recipe value would read as a mismatch
+        and hide every model fact)."""
+        return None if self.recipe.model.from_ is not None else self.recipe.tokenizer.vocab_size
 
     @cached_property
     def _meta(self) -> Any:
         try:
             from stagewise.model.inspect import meta_model
 
-            return meta_model(self.recipe.model, self.recipe.tokenizer.vocab_size)
+            return meta_model(self.recipe.model, self._vocab)
         except (BadInput, OSError, ValueError, TypeError):  # a model that cannot be built: no model facts
             return None
 

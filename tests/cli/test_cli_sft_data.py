@@ -84,3 +84,20 @@ def test_pack_bad_input_exit_2(world, tokenizer_dir, tmp_path):
     assert result.exit_code == 2 and "curate it first" in result.output
     assert run("data", "pack", world["arithmetic"], "--tokenizer", tmp_path, "--pack-size", 512).exit_code == 2
     assert run("data", "pack", world["arithmetic"], "--tokenizer", tokenizer_dir, "--pack-size", 0).exit_code == 2
+
+
+def test_pack_takes_the_recipes_reasoning_switch(world, tokenizer_dir):
+    """--reasoning-switch is tokenizer.reasoning_switch (YAML): ours reads `reasoning`, so auto packs half the
+    conversations off; named `{kind: none}` the same request is refused naming the recipe field, as SFT does."""
+    pack = ("data", "pack", world["arithmetic"], "--tokenizer", tokenizer_dir, "--pack-size", 512, "--json")
+    auto = run(*pack, "--reasoning-off-fraction", 0.5)
+    assert auto.exit_code == 0 and json.loads(auto.stdout)["reasoning_off"] > 0, auto.output
+    refused = run(*pack, "--reasoning-off-fraction", 0.5, "--reasoning-switch", "{kind: none}")
+    assert refused.exit_code == 2 and "tokenizer.reasoning_switch: the chat template of the tokenizer" in refused.output
+    on = run(*pack, "--reasoning-switch", "{kind: none}")  # nothing asked off: no switch needed
+    assert on.exit_code == 0, on.output
+    assert json.loads(on.stdout)["supervised_tokens"] == json.loads(run(*pack).stdout)["supervised_tokens"]
+    for bad, why in (("{kind: sys}", "does not match any of the expected tags"),
+                     ("{kind: kwarg}", "kwarg.name: Field required"), ("[", "not YAML")):
+        result = run(*pack, "--reasoning-switch", bad)
+        assert result.exit_code == 2 and "--reasoning-switch: " in result.output and why in result.output, result.output

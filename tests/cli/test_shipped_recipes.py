@@ -73,7 +73,7 @@ def fake_pipeline(monkeypatch):
 # --------------------------------------------------------------------------- the lookup
 
 def test_the_shipped_recipes_are_listed_by_stem_and_found_in_the_package():
-    assert {"tiny", "nemotron-3-nano-4b"} <= set(shipped_names())
+    assert {"tiny", "nemotron-3-nano-4b", "finetune"} <= set(shipped_names())
     assert shipped_names() == sorted(shipped_names())
     tiny = shipped_recipe("tiny")
     assert tiny is not None and tiny.is_file() and tiny.parent == SHIPPED
@@ -109,12 +109,26 @@ def test_recipe_show_by_name_prints_the_shipped_file():
     assert Path(shown["path"]) == shipped_recipe("tiny").resolve() and shown["recipe"]["name"] == "tiny"
 
 
-def test_a_shipped_recipe_finds_its_base_next_to_it_in_the_package():
-    """nemotron-3-nano-4b says `base: tiny.yaml`: relative paths resolve against the recipe's own
-    directory, which for a shipped recipe is the package's recipes folder, not the current one."""
-    result = invoke("recipe", "show", "nemotron-3-nano-4b", "--json")
+@pytest.mark.parametrize("name", ["nemotron-3-nano-4b", "finetune"])
+def test_a_shipped_recipe_finds_its_base_next_to_it_in_the_package(name):
+    """Both say `base: tiny.yaml`: relative paths resolve against the recipe's own directory, which for
+    a shipped recipe is the package's recipes folder, not the current one."""
+    result = invoke("recipe", "show", name, "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["recipe"]["name"] != "tiny"
+    assert json.loads(result.stdout)["recipe"]["name"] == name
+
+
+def test_finetune_checks_by_name_and_runs_only_from_the_teams_checkpoint(tmp_path):
+    """finetune.yaml loads and passes the doctor as shipped; its model.from is a placeholder, so a run
+    without `--set model.from=PATH` stops before any work, saying so (the real pipeline: no recorder)."""
+    work = f"workdir={tmp_path / 'work'}"
+    result = invoke("check", "finetune", "--set", work, "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["findings"] == [], result.output
+    result = invoke("run", "finetune", "--set", work)
+    assert result.exit_code == 2, result.output
+    assert ("model.from: /path/to/post-trained-checkpoint is not a checkpoint directory (no config.json); "
+            "stages.sft starts there: point it at one, --set model.from=PATH") in result.output
+    assert not (tmp_path / "work").exists()  # refused before the workdir, Prefect or MLflow
 
 
 def test_a_local_file_wins_over_the_shipped_name(tmp_path):

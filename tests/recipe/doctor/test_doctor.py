@@ -18,6 +18,7 @@ from stagewise.recipe import load_recipe
 RECIPES = Path(__file__).resolve().parents[3] / "recipes"
 TINY = RECIPES / "tiny.yaml"
 NANO = RECIPES / "nemotron-3-nano-4b.yaml"
+FINETUNE = RECIPES / "finetune.yaml"
 
 
 def check(tmp_path: Path, *sets: str, recipe: Path = TINY) -> list:
@@ -137,6 +138,21 @@ def test_moe_fine_tuned_on_one_domain(tmp_path):
     assert f.field == "stages.sft.stages[0].blend.weights.arithmetic" and f.value == pytest.approx(20 / 21, abs=1e-4)
     dense = "model.overrides.hybrid_override_pattern=M*-M--"  # no expert layer: no collapse to fear
     assert only(check(tmp_path, narrow, dense), "moe-narrow-blend") == []
+
+
+def test_the_finetune_recipe_on_its_domain_alone_is_a_narrow_moe_blend(tmp_path, tiny_checkpoint):
+    """finetune.yaml as shipped takes a slice of every demo domain (my_domain 2.4 of 12: 20%); its one-domain
+    variant fires the rule. The model is the checkpoint's (tiny: 8 routed experts, 300 tokens, fewer than the
+    inherited tokenizer.vocab_size of 4096, which sizes a trained BPE and must not hide the model's facts)."""
+    start = f"model.from={tiny_checkpoint}"
+    assert check(tmp_path, start, recipe=FINETUNE) == []
+    alone = "stages.sft.stages[0].blend.weights={my_domain: 1}"
+    [f] = only(check(tmp_path, start, alone, recipe=FINETUNE), "moe-narrow-blend")
+    assert (f.field, f.severity, f.value, f.stage) == ("stages.sft.stages[0].blend.weights.my_domain", "warning", 1.0, "sft")
+    assert "'my_domain' carries 100% of the blend" in f.message and "others here: (none)" in f.message
+    assert f.where == f"--set {alone}"  # the variant came from the command line
+    # the shipped placeholder (/path/to/post-trained-checkpoint) builds no model: the rule cannot know it is an MoE
+    assert only(check(tmp_path, alone, recipe=FINETUNE), "moe-narrow-blend") == []
 
 
 def test_long_context_without_short_sequences(tmp_path):
