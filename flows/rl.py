@@ -166,6 +166,10 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
         raise BadInput(refused)
     tokenizer = install_chat_template(AutoTokenizer.from_pretrained(start_from))  # ours only where it carries none
     trained = {r.domain for r in train_rows}  # held-out rows of the domains this stage trains
+    untrained = sorted({str(r.domain) for r in heldout_rows if r.domain not in trained})
+    if untrained and block.evaluate:
+        log.warning("rl: held-out rows of domain(s) %s are not scored: this stage trains %s (a row's domain is its "
+                    "\"domain\" field)", ", ".join(untrained), ", ".join(sorted(map(str, trained))))
     heldout_rows = round_robin([r for r in heldout_rows if r.domain in trained and block.evaluate],
                                lambda r: r.domain, cfg.data.heldout_limit)
     wiring = RLWiring(tokenizer, train_rows + heldout_rows, cfg.rewards, cfg.reasoning, block.reasoning_switch)

@@ -91,6 +91,17 @@ def load_tasks(path: Path, name: str, domain: str | None, environment: str | Non
 
 # --------------------------------------------------------------------------- wiring
 
+def _say_unsaid_reasoning(tokenizer: Any, switch: SwitchSetting, reasoning: bool) -> None:
+    """A warning in the run log when the template has no reasoning switch: `reasoning` cannot be
+    said to the model, so its prompts take the template's default (which may think, or not)."""
+    from stagewise.data.reasoning_switch import NoSwitch, resolve_switch
+
+    if isinstance(resolve_switch(tokenizer, switch), NoSwitch):
+        run_logger().warning("the chat template has no reasoning switch: reasoning %s cannot be said to the model, "
+                             "so its prompts render as the template's default; name the model's switch in "
+                             "tokenizer.reasoning_switch", "on" if reasoning else "off")
+
+
 class RLWiring:
     """What rollouts, profile and evaluation share: the tokenizer, prompts and the reward function.
 
@@ -103,6 +114,7 @@ class RLWiring:
         from stagewise.model.rl_batches import Prompt
 
         self.tokenizer, self.rewards = tokenizer, rewards
+        _say_unsaid_reasoning(tokenizer, switch, reasoning)
         self.end = set(end_ids(tokenizer)) | ({tokenizer.pad_token_id} if tokenizer.pad_token_id is not None else set())
         self.rows = {r.id: r for r in rows}
         self.prompts = {}
