@@ -59,3 +59,20 @@ def chat_tokenizer(chat_tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(chat_tokenizer_dir)
+
+
+def pytest_collection_modifyitems(items):
+    """Groups for `--dist loadgroup` (python3 dev.py test runs two xdist workers): every test on the
+    shared pretraining (tests/e2e/conftest.py tiny_pretrain), and on the stages later tests reuse from
+    its workdir, in one worker, in file order; every other slow or megatron test with the rest of its
+    module, so a module-scoped pipeline run or side-environment process runs once, not once per worker."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if "tiny_pretrain" in getattr(item, "fixturenames", ()):
+            group = "tiny_pretrain"
+        elif item.get_closest_marker("slow") or item.get_closest_marker("megatron"):
+            group = item.nodeid.split("::")[0]
+        else:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -76,11 +76,3 @@ def tiny_pretrain(tmp_path_factory) -> Pretrained:
     summary = summary_of(stagewise("run", str(TINY), "--stages", "pretrain", *sets(*values), "--json"))
     return Pretrained(workdir, Path(summary["stages"][0]["checkpoint"]), values)
 
-
-def pytest_collection_modifyitems(items):
-    """Under xdist (`--dist loadgroup`, python3 dev.py test) every test on the shared pretraining, and
-    on the stages later tests reuse from its workdir, runs in one worker, in file order: one pipeline
-    run per test session, as without xdist."""
-    for item in items:
-        if "tiny_pretrain" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("tiny_pretrain"))
