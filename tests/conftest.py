@@ -61,6 +61,7 @@ def chat_tokenizer(chat_tokenizer_dir):
     return AutoTokenizer.from_pretrained(chat_tokenizer_dir)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the markers into the groups it schedules by
 def pytest_collection_modifyitems(items):
     """Groups for `--dist loadgroup` (python3 dev.py test runs two xdist workers): every test on the
     shared pretraining (tests/e2e/conftest.py tiny_pretrain), and on the stages later tests reuse from
