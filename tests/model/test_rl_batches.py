@@ -121,8 +121,12 @@ def test_a_rollout_batch_is_split_into_minibatch_steps(model_factory, off_policy
     generator = CountingGenerator(model, [END], 0)
     batches = RolloutBatches(model, generator, PROMPTS, CycleSampler(), parity_score, settings, seed=7, pad_id=0)
     whole = make_batches(model_factory(pattern="M*-"), off_policy=off_policy, max_refills=0).next_batch()
-    first, second = batches.next_batch(), batches.next_batch()
-    assert (batches.step, batches.rollout) == (2, 1) and generator.calls == 1  # one rollout, two steps
+    first = batches.next_batch()
+    assert generator.calls == 1  # part one of the rollout; off-policy prefetches only after the last part
+    second = batches.next_batch()
+    batches.close()  # an off-policy prefetch runs in the background: wait for it before counting
+    assert (batches.step, batches.rollout) == (2, 1)  # one rollout, two steps
+    assert generator.calls == 1 + off_policy  # ... and, off-policy, the next rollout sampled after the last part
     # every row once, shortest first, each part cut to its longest row (only padding is cut)
     assert abs(len(first["input_ids"]) - len(second["input_ids"])) <= 1
     assert first["input_ids"].shape[1] <= second["input_ids"].shape[1] <= whole["input_ids"].shape[1]

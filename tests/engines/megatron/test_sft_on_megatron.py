@@ -85,7 +85,9 @@ def test_each_sub_stage_trains_its_conversations_on_megatron_and_the_last_export
                                                      'packed_sequence_size:512,pad_seq_to_mult:1}')
     assert opts["checkpoint.pretrained_checkpoint"] == f'"{stage1 / "megatron-import" / "iter_0000000"}"'
     tokenizer = Path(json.loads(opts["tokenizer.tokenizer_model"]))
-    assert tokenizer.parent == workdir / "sft_data" and tokenizer.name.startswith("start-")  # the chat start
+    (start,) = (workdir / "sft_data").glob("start-*")  # the chat start: its tokenizer, in the form 0.6.2 reads
+    assert tokenizer == stage1 / "megatron-tokenizer" and not list(tokenizer.glob("*.safetensors"))
+    assert (tokenizer / "tokenizer.json").read_bytes() == (start / "tokenizer.json").read_bytes()
     two_opts = dict(a.split("=", 1) for a in two["argv"] if "=" in a)
     assert two_opts["dataset.seq_length"] == "1024" and two_opts["dataset.dataset_root"].endswith('megatron-data"')
 
