@@ -9,9 +9,11 @@ stage's start: each problem as (yaml path, why, path whose line to cite).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stagewise.engines import LAUNCHED_GATE
+from stagewise.recipe.blocks.launch_text import MOUNT_BREAKERS
 
 if TYPE_CHECKING:
     from stagewise.recipe.schema import Recipe
@@ -38,6 +40,9 @@ def engine_problems(r: Recipe) -> list[tuple[str, str, str]]:
                         "(env: {image: ...} or {venv: ...}, nodes, gpus_per_node, parallel)", f"{at}.engine"))
         elif block.engine != "torch" and getattr(block, "gate", None) is not None:
             out.append((f"{at}.gate", LAUNCHED_GATE.format(engine=block.engine), f"{at}.gate"))
+        elif block.engine != "torch" and block.launch.env.image is not None and MOUNT_BREAKERS.search(str(Path(r.workdir).resolve())):
+            out.append(("workdir", f"{str(Path(r.workdir).resolve())!r} is mounted into {at}'s container as SRC:DST "
+                        "(docker -v, pyxis --container-mounts): a path without ':', ',' or whitespace", "workdir"))
         elif block.engine == "megatron":
             out += megatron_problems(r, name)
         elif block.engine == "nemo_rl":

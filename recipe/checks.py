@@ -13,7 +13,9 @@ the parts that validate alone, so one bad field hides no other problem.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
@@ -42,7 +44,22 @@ def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out += _suite_problems(r, "stages.quantize", r.stages.quantize)
     out += _quantize_problems(r) if r.stages.quantize else []
     out += _eval_problems(r)
+    out += _workdir_problems(r.workdir)
     return out + _preset_problems(r.model)
+
+
+STEP_DIR = re.compile(r"[a-z][a-z0-9_]*(-[A-Za-z0-9_.]+)*-[0-9a-f]{16}")
+"""A step directory's name under `<workdir>/stages/` (store/steps.py: `<kind>-<hash>`)."""
+
+
+def _workdir_problems(workdir: str) -> list[tuple[str, str, str]]:
+    """A workdir inside another run's step directory would write its data, checkpoints and MLflow store
+    into a step that run hands on (and reuses by its finish marker): refused."""
+    for parent in [Path(workdir).resolve(), *Path(workdir).resolve().parents]:
+        if parent.parent.name == "stages" and STEP_DIR.fullmatch(parent.name):
+            return [("workdir", f"{workdir!r} lies inside the step directory {parent} of the run in "
+                     f"{parent.parent.parent}: give a workdir of its own", "workdir")]
+    return []
 
 
 def _merge_problems(r: Recipe) -> list[tuple[str, str, str]]:

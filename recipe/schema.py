@@ -22,6 +22,7 @@ from stagewise.eval.task_spec import SuiteEntry
 from stagewise.model.config import ModelConfig
 from stagewise.model.runtime import RuntimeConfig
 from stagewise.recipe.blocks.distill import DistillStage
+from stagewise.recipe.blocks.launch_text import PlainPath, RecipeName
 from stagewise.recipe.blocks.long_context import LongContextStage
 from stagewise.recipe.blocks.merge import MergeStage
 from stagewise.recipe.blocks.pretrain import PretrainStage
@@ -63,11 +64,11 @@ class StagesConfig(StrictConfig):
 class Recipe(StrictConfig):
     """A whole training recipe."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    """Recipe name; also the MLflow experiment unless tracking.experiment is set."""
+    name: RecipeName
+    """Recipe name, a slug; also the MLflow experiment unless tracking.experiment is set."""
     seed: int = 1234
     """Seeds data generation, sampling, initialisation and dropout."""
-    workdir: str = "runs/${name}"
+    workdir: PlainPath = "runs/${name}"
     """Where data, checkpoints and the default MLflow store live (relative to the current directory)."""
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     """MLflow settings."""

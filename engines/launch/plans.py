@@ -8,7 +8,7 @@ what one process of the engine runs, e.g. `python scripts/training/run_recipe.py
 
 - `local`: one node, run here. An argv for engines/launch/task.py to stream: `torchrun` from the venv, or
   `docker run ... IMAGE torchrun ...` for an image.
-- `slurm`: the text of an sbatch script plus `sbatch --parsable --wait SCRIPT`, so the submitting
+- `slurm`: the text of an sbatch script plus `sbatch --parsable --wait --output=LOG SCRIPT`, so the submitting
   process lives as long as the job and exits with the job's status (what Prefect honours).
 - `kubernetes`: an Indexed Job (one pod per node) as a YAML manifest plus a `bash -c` that applies
   it, streams pod 0's log and exits 0 only when the Job completes.
@@ -30,6 +30,7 @@ quoted with shlex. No Prefect, no MLflow, and nothing of the engines is imported
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -106,17 +107,34 @@ class LaunchPlan:
         return shlex.join(self.argv)
 
 
+JOB_SUFFIX = 10
+"""Hex digits of a job name's unique suffix (job_name)."""
+
+
+def job_name(step: str, run_dir: str | os.PathLike, run_id: str) -> str:
+    """The scheduler's name for `step` of the run `run_id` writing `run_dir`: `<step>-<10 hex>`, the
+    suffix a hash of both, so no two runs' launches share a name (the Kubernetes launch deletes an
+    earlier Job of its own name before applying: a shared name would kill another run's job).
+    Within Kubernetes' rules (an RFC 1123 label of at most 52 characters, so `<job>-<index>` pod
+    hostnames fit 63) and Slurm's; the step's name is cut, never the suffix."""
+    digest = hashlib.sha256(f"{run_id}\0{os.path.abspath(os.fspath(run_dir))}".encode()).hexdigest()[:JOB_SUFFIX]
+    head = re.sub(r"[^a-z0-9-]+", "-", step.lower()).strip("-")[:K8S_NAME_CHARS - JOB_SUFFIX - 1].strip("-")
+    return f"{head or 'engine'}-{digest}"
+
+
 def plan_launch(launch: LaunchConfig, entry: Sequence[str], run_dir: str | os.PathLike, *,
                 style: LauncherStyle, name: str = "engine", env: Mapping[str, str] | None = None,
                 field: str = "launch", container_tool: str = "docker",
-                mounts: Sequence[str] = ()) -> LaunchPlan:
+                mounts: Sequence[str] = (), job: str | None = None) -> LaunchPlan:
     """The LaunchPlan that starts `entry` as `launch` says (see the module docstring).
 
     entry: one engine process's argv (a leading `python` is the environment's interpreter).
     run_dir: the stage's directory; it is mounted into containers at the same path, and the
         script / manifest files go under `<run_dir>/launch/`.
     style: "torchrun" (one process per GPU) or "single" (one Ray driver).
-    name: names the job, its files and its Kubernetes objects (e.g. `megatron-train`).
+    name: names the launch's files (e.g. `megatron-train`), and its job unless `job` is given.
+    job: the scheduler's job name (Slurm's --job-name, the Kubernetes Job and Service): job_name()'s,
+        unique per run and step, when several runs share a cluster.
     env: variables the engine needs (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID, ...). Locally they go
         in the plan's env (docker gets `-e NAME` so values stay out of argv); in an sbatch script
         they are exported; in a Job they are the container's env.
@@ -137,8 +155,8 @@ def plan_launch(launch: LaunchConfig, entry: Sequence[str], run_dir: str | os.Pa
     if launch.scheduler == "local":
         return _local(launch, list(entry), run, style, env, field, container_tool, list(mounts))
     if launch.scheduler == "slurm":
-        return _slurm(launch, list(entry), run, style, name, env, list(mounts))
-    return _kubernetes(launch, list(entry), run, style, name, env, field)
+        return _slurm(launch, list(entry), run, style, name, job or name, env, list(mounts))
+    return _kubernetes(launch, list(entry), run, style, name, job or name, env, field)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,12 +236,14 @@ def _local(launch: LaunchConfig, entry: list[str], run: str, style: LauncherStyl
 # slurm
 
 
-def _slurm(launch: LaunchConfig, entry: list[str], run: str, style: LauncherStyle, name: str,
+def _slurm(launch: LaunchConfig, entry: list[str], run: str, style: LauncherStyle, name: str, job: str,
            env: dict[str, str], mounts: list[str]) -> LaunchPlan:
     base = os.path.join(run, "launch", _file_stem(name))
     script_path, log_path = base + ".sbatch", base + ".slurm.log"
-    text = slurm_script(launch, entry, run, style=style, name=name, env=env, log_path=log_path, mounts=mounts)
-    return LaunchPlan(argv=["sbatch", "--parsable", "--wait", script_path], cwd=run,
+    text = slurm_script(launch, entry, run, style=style, name=job, env=env, mounts=mounts)
+    # the log path is the run directory's (any characters but control ones): on sbatch's argv, where
+    # it is one word, not in an #SBATCH line, which sbatch splits at whitespace itself
+    return LaunchPlan(argv=["sbatch", "--parsable", "--wait", f"--output={log_path}", script_path], cwd=run,
                       files={script_path: text}, job_log=log_path)
 
 
@@ -240,13 +260,18 @@ def _srun_env_flags(launch: LaunchConfig, run: str, mounts: list[str]) -> list[s
 
 def slurm_script(launch: LaunchConfig, entry: Sequence[str], run_dir: str | os.PathLike, *,
                  style: LauncherStyle, name: str = "engine", env: Mapping[str, str] | None = None,
-                 log_path: str | None = None, mounts: Sequence[str] = ()) -> str:
+                 mounts: Sequence[str] = ()) -> str:
     """The sbatch script that runs `entry` on `launch.nodes` nodes (see the module docstring).
 
     torchrun: one srun task per node, each a torchrun with `gpus_per_node` processes meeting at a
     c10d rendezvous on the first node (MASTER_ADDR: the first of `scontrol show hostnames`).
     single: a Ray head on the first node and Ray workers on the others, then the driver on the
-    head; the script exits with the driver's status. Images run through pyxis (`--container-*`)."""
+    head; the script exits with the driver's status. Images run through pyxis (`--container-*`).
+    The job's output file is given on sbatch's command line (the plan's argv), not here.
+
+    Every recipe string in the #SBATCH lines (partition, account, time) was admitted by its type
+    (recipe/blocks/launch_text.py: the scheduler's grammar, no whitespace or control characters);
+    every other one is shlex-quoted."""
     run = os.path.abspath(os.fspath(run_dir))
     entry = list(entry)
     q = shlex.quote
@@ -261,8 +286,6 @@ def slurm_script(launch: LaunchConfig, entry: Sequence[str], run_dir: str | os.P
     if sb.account:
         lines.append(f"#SBATCH --account={sb.account}")
     lines.append(f"#SBATCH --time={sb.time}")
-    if log_path:
-        lines.append(f"#SBATCH --output={log_path}")
     lines += ["#SBATCH --exclusive",
               "# written by stagewise (engines/launch/plans.py); sbatch --wait exits with this job's status",
               "set -euo pipefail"]
@@ -310,9 +333,13 @@ def slurm_script(launch: LaunchConfig, entry: Sequence[str], run_dir: str | os.P
 # kubernetes
 
 
+K8S_NAME_CHARS = 52
+"""The longest Job name whose `<name>-<index>` pod hostnames stay within 63 characters."""
+
+
 def _k8s_name(name: str) -> str:
     """A DNS-1123 label short enough for `<name>-<index>` pod hostnames (63 characters)."""
-    s = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:52].strip("-")
+    s = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:K8S_NAME_CHARS].strip("-")
     return s or "engine"
 
 
@@ -390,13 +417,14 @@ def kubernetes_manifest(launch: LaunchConfig, entry: Sequence[str], run_dir: str
     return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
-def _kubernetes(launch: LaunchConfig, entry: list[str], run: str, style: LauncherStyle, name: str,
+def _kubernetes(launch: LaunchConfig, entry: list[str], run: str, style: LauncherStyle, name: str, job: str,
                 env: dict[str, str], field: str) -> LaunchPlan:
-    """Apply the manifest (an earlier Job of the same name is deleted first: Jobs are immutable),
-    stream pod 0's log, then poll the Job's conditions: Failed exits 1, Complete exits 0."""
-    manifest = kubernetes_manifest(launch, entry, run, style=style, name=name, env=env, field=field)
+    """Apply the manifest (an earlier Job of the same name, this run's own when `job` is job_name()'s,
+    is deleted first: Jobs are immutable), stream pod 0's log, then poll the Job's conditions: Failed
+    exits 1, Complete exits 0."""
+    manifest = kubernetes_manifest(launch, entry, run, style=style, name=job, env=env, field=field)
     path = os.path.join(run, "launch", _file_stem(name) + ".k8s.yaml")
-    job, ns = _k8s_name(name), launch.kubernetes.namespace
+    job, ns = _k8s_name(job), launch.kubernetes.namespace
     k = f"kubectl -n {shlex.quote(ns)}"
     script = "\n".join([
         "set -euo pipefail",

@@ -28,7 +28,7 @@ from stagewise.flows.stage import StageContext
 from stagewise.model.checkpoint import CheckpointMeta, adopt_checkpoint
 from stagewise.engines.availability import check_engine, container_tool
 from stagewise.recipe.blocks.engine import LaunchConfig, Parallelism
-from stagewise.engines.launch.plans import plan_launch
+from stagewise.engines.launch.plans import job_name, plan_launch
 from stagewise.engines.launch.task import launch_task
 from stagewise.store.refs import CheckpointRef
 
@@ -92,7 +92,7 @@ def run_engine(ctx: StageContext, stage: str, engine: str, launch: LaunchConfig,
     for step in plan.steps:
         cfg = one_node(launch) if step.one_node else launch
         lp = plan_launch(cfg, step.entry, out_dir, style=step.style, name=step.name, env=env, field=field_path,
-                         container_tool=tool, mounts=mounts)
+                         container_tool=tool, mounts=mounts, job=job_name(step.name, out_dir, run_id))
         lp.write_files()
         launch_task(step.name, lp.argv, lp.cwd, lp.env, str(out_dir / "launch" / f"{step.name}.log"), ctx.tracker, run_id)
     final = out_dir / f"step-{plan.step:08d}"

@@ -14,11 +14,11 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
+from stagewise.recipe.blocks.launch_text import (ContainerMount, EnvironmentPath, ImageRef, KubernetesLabel,
+                                                 KubernetesSubdomain, PlainPath, SlurmName, SlurmPartitions, SlurmTime)
 
 Engine = Literal["torch", "megatron", "nemo_rl"]
 """torch: ours, in process. megatron: Megatron-Bridge. nemo_rl: NeMo RL (GRPO, on-policy distillation)."""
-
-
 
 
 class Parallelism(StrictConfig):
@@ -54,11 +54,11 @@ class Parallelism(StrictConfig):
 class EngineEnv(StrictConfig):
     """The environment the engine runs in: a container image or a venv (exactly one)."""
 
-    image: str | None = None
+    image: ImageRef | None = None
     """Container image with the engine installed (e.g. nvcr.io/nvidia/nemo:26.08)."""
-    venv: str | None = None
+    venv: PlainPath | None = None
     """A virtual environment directory with the engine installed (its bin/python runs the launch)."""
-    workdir: str | None = None
+    workdir: EnvironmentPath | None = None
     """Working directory inside the environment (e.g. /opt/Megatron-Bridge); None: the run directory."""
 
     @model_validator(mode="after")
@@ -71,22 +71,22 @@ class EngineEnv(StrictConfig):
 class SlurmOptions(StrictConfig):
     """sbatch settings for `scheduler: slurm`."""
 
-    partition: str | None = None
+    partition: SlurmPartitions | None = None
     """Partition (None: the cluster's default)."""
-    account: str | None = None
+    account: SlurmName | None = None
     """Account to charge."""
-    time: str = "04:00:00"
+    time: SlurmTime = "04:00:00"
     """Wall-clock limit (HH:MM:SS)."""
-    container_mounts: list[str] = Field(default_factory=list)
+    container_mounts: list[ContainerMount] = Field(default_factory=list)
     """`src:dst` mounts for pyxis/enroot (the run directory is always mounted)."""
 
 
 class KubernetesOptions(StrictConfig):
     """Job settings for `scheduler: kubernetes`."""
 
-    namespace: str = "default"
+    namespace: KubernetesLabel = "default"
     """Namespace of the Job."""
-    volume_claim: str | None = None
+    volume_claim: KubernetesSubdomain | None = None
     """A PersistentVolumeClaim mounted at the run directory's path (None: you mount it yourself)."""
 
 

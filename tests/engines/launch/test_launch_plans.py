@@ -106,14 +106,14 @@ def test_slurm_script_for_two_nodes_line_by_line():
     launch = _slurm_cfg(env={"image": IMAGE, "workdir": "/opt/Megatron-Bridge"})
     plan = plan_launch(launch, MB_ENTRY, RUN, style="torchrun", name="megatron-train", env=ENV)
     script_path = f"{RUN}/launch/megatron-train.sbatch"
-    assert plan.argv == ["sbatch", "--parsable", "--wait", script_path]
     assert plan.job_log == f"{RUN}/launch/megatron-train.slurm.log" and plan.env == {}
+    assert plan.argv == ["sbatch", "--parsable", "--wait", f"--output={plan.job_log}", script_path]
     text = plan.files[script_path]
     lines = text.splitlines()
     assert lines[0] == "#!/bin/bash"
     assert _sbatch(text) == {"--job-name": "megatron-train", "--nodes": "2", "--ntasks-per-node": "1",
                              "--gpus-per-node": "8", "--partition": "batch", "--account": "llm", "--time": "02:00:00",
-                             "--output": plan.job_log, "--exclusive": ""}
+                             "--exclusive": ""}
     body = [ln for ln in lines if not ln.startswith("#")]
     assert body[:6] == ["set -euo pipefail",
                         "export MLFLOW_RUN_ID=0123abcd",
@@ -129,8 +129,7 @@ def test_slurm_script_for_two_nodes_line_by_line():
     # one torchrun per node; the ranks meet at a c10d rendezvous on the first node
     assert srun[7:] == ["torchrun", "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT",
                         "--rdzv-id=$SLURM_JOB_ID", "--nproc-per-node=8", *MB_ENTRY[1:]]
-    assert text == slurm_script(launch, MB_ENTRY, RUN, style="torchrun", name="megatron-train", env=ENV,
-                                log_path=plan.job_log)  # deterministic
+    assert text == slurm_script(launch, MB_ENTRY, RUN, style="torchrun", name="megatron-train", env=ENV)  # deterministic
 
 
 def test_slurm_venv_uses_chdir_and_the_venvs_tools(tmp_path):
