@@ -9,6 +9,7 @@ can be registered), and then serves until interrupted (Ctrl-C or SIGTERM pause t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -41,6 +42,8 @@ def serve_cmd(
     schedule: bool = typer.Option(True, "--schedule/--no-schedule", help="Also serve the weekly scheduled pipeline run."),
     cron: str = typer.Option("0 3 * * 0", "--cron", help="The weekly deployment's cron schedule (UTC)."),
     pool: Optional[str] = typer.Option(None, "--pool", help="Register the deployments on this Prefect work pool (a process pool is made when missing) and exit; workers started with `prefect worker start --pool NAME` run the flow runs (docs/DEPLOY.md: Kubernetes and Slurm pools)."),
+    recipe_root: list[Path] = typer.Option([], "--recipe-root", help="A directory whose recipes (and promotion rule files) a form may name, besides the served recipe's own directory and the shipped recipes; repeatable. A form naming a file elsewhere fails before any work."),
+    allow_set: list[str] = typer.Option([], "--allow-set", help="An override key a form may set besides the training knobs open by default (token budgets, steps, learning rates, blend weights, seed); `*` is one path segment, `**` anything: e.g. workdir, 'stages.pretrain.**', '**' (everything). Repeatable. launch, tracking, workdir, base, model.from and data paths stay closed unless opened here."),
 ) -> None:
     """Register the pipeline's deployments with the Prefect server and run their flow runs.
 
@@ -50,12 +53,17 @@ def serve_cmd(
     local processes in this directory (stop with Ctrl-C: the deployments are paused), or, with
     --pool, wherever that work pool's workers run. The server is the one PREFECT_API_URL names.
 
+    What a form may ask is this command's to say: a recipe under the served recipe's directory,
+    the shipped recipes or a --recipe-root, and overrides of the default training knobs or of an
+    --allow-set pattern; anything else fails the flow run before any work, naming the key.
+
     \b
     Example (three terminals, then open http://127.0.0.1:4200):
       prefect server start
       PREFECT_API_URL=http://127.0.0.1:4200/api stagewise serve --recipe tiny
       mlflow ui --backend-store-uri sqlite:///runs/tiny/mlflow.db
       stagewise serve --pool stagewise && prefect worker start --pool stagewise   # through a work pool
+      stagewise serve --recipe-root ~/team-recipes --allow-set workdir --allow-set 'stages.sft.**'
     """
     from stagewise.cli.run import shipped_recipe
     from stagewise.recipe import load_recipe
@@ -63,22 +71,30 @@ def serve_cmd(
 
     from stagewise.deployments.catalog import build_deployments, check_cron
 
+    from stagewise.deployments.form_policy import serving_policy
+    from stagewise.flows.pipeline import tracker_for
+
     path = resolve_recipe(recipe) if recipe is not None else shipped_recipe("tiny")
-    load_recipe(path)  # a broken default recipe exits 2 here, not in every flow run
+    loaded = load_recipe(path)  # a broken default recipe exits 2 here, not in every flow run
     if schedule:
         check_cron(cron)
+    tracking = tracker_for(loaded.recipe, Path(loaded.recipe.workdir).resolve()).uri
+    policy = serving_policy(path, recipe_root, allow_set, [tracking])
     url = api_url()
     from prefect import serve
 
     made = build_deployments(path, schedule=schedule, cron=cron)
     if pool:
         kind = ensure_pool(pool)
-        for deployment in made:
+        for deployment in made:  # a pool's workers read the policy from the job's environment
+            deployment.job_variables = {**(deployment.job_variables or {}), "env": policy.to_env()}
             deployment.apply(work_pool_name=pool)
         typer.echo(f"Registered {len(made)} deployments of {path} on the {kind} work pool {pool!r} at {url}; "
                    f"start a worker to run them: prefect worker start --pool {pool}")
         return
-    typer.echo(f"Serving {len(made)} deployments of {path} against {url}", err=True)
+    typer.echo(f"Serving {len(made)} deployments of {path} against {url}; forms may name recipes under "
+               f"{', '.join(policy.recipe_roots)}", err=True)
+    os.environ.update(policy.to_env())  # the runner starts every flow run with this environment
     serve(*made)
 
 

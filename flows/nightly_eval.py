@@ -20,7 +20,6 @@ from prefect import flow
 from stagewise.data.errors import BadInput
 from stagewise.recipe import load_recipe
 from stagewise.recipe.errors import did_you_mean
-from stagewise.recipe.shipped import resolve_recipe
 from stagewise.flows.registry import REGISTRY
 from stagewise.tasks.policy import run_logger
 from stagewise.store.refs import CheckpointRef
@@ -58,7 +57,12 @@ def evaluate_latest_flow(recipe: str, suite: Optional[str] = None, overrides: Op
     from stagewise.flows.pipeline import runtime_of, tracker_for
     from stagewise.tasks.evaluate import suite_task
 
-    loaded = load_recipe(resolve_recipe(recipe), list(overrides or []))
+    from stagewise.deployments.form_policy import form_policy
+
+    policy = form_policy()  # the operator's boundary (stagewise serve), before anything is read
+    path = policy.admit_file(recipe, "recipe")
+    policy.admit_overrides(overrides or [])
+    loaded = load_recipe(path, list(overrides or []))
     suites = suites_to_run(loaded.recipe.eval, suite)
     runtime = runtime_of(loaded)
     tracker = tracker_for(loaded.recipe, Path(loaded.recipe.workdir).resolve())

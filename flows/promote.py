@@ -206,8 +206,12 @@ def promote_flow(
         alias: The registry alias to move; default `<stage>-champion`.
         tracking_uri: The MLflow store; default MLFLOW_TRACKING_URI.
     """
+    from stagewise.deployments.form_policy import form_policy
     from stagewise.store.tracking import Tracker
 
+    policy = form_policy()  # the operator's boundary (stagewise serve), before anything is read
+    policy.admit_file(rule, "rule")
+    policy.admit_tracking(tracking_uri)
     parsed, alias, uri = check_request(experiment, stage, rule, alias, tracking_uri)
     logger = get_run_logger()
     decision = promote(Tracker(uri, experiment), experiment, stage, parsed, alias, str(rule))

@@ -38,6 +38,15 @@ def tiny_checkpoint(tmp_path_factory):
     return path
 
 
+@pytest.fixture
+def open_forms(monkeypatch):
+    """A served flow's form policy opened wide (any recipe, any override), for tests of what a flow does
+    with its parameters once admitted; tests/deployments/test_form_policy.py tests the boundary itself."""
+    from stagewise.deployments.form_policy import POLICY_ENV, FormPolicy
+
+    monkeypatch.setenv(POLICY_ENV, FormPolicy(recipe_roots=["/"], allowed=["**"], tracking_uris=[]).model_dump_json())
+
+
 @pytest.fixture(scope="session")
 def chat_tokenizer_dir(tmp_path_factory):
     """A saved byte-level BPE (600 tokens, trained on demo-world conversations) with the

@@ -67,7 +67,7 @@ def test_the_ablation_deployment_offers_the_stages_an_ablation_can_run():
     assert ablate.enforce_parameter_schema
 
 
-def test_the_ablation_flow_refuses_a_bad_variant_before_any_work(tmp_path):
+def test_the_ablation_flow_refuses_a_bad_variant_before_any_work(tmp_path, open_forms):
     import pytest
 
     from stagewise.data.errors import BadInput

@@ -9,6 +9,8 @@ the server through the Prefect client (`run_deployment` is what the Run button c
 - a value outside the form (an unknown stage) is refused by the server, naming the field;
 - bad parameters that pass the form (a bad override, a stage the recipe lacks) fail the flow
   run with the located message `stagewise run` prints, and nothing is written to the workdir;
+- a form past the operator's boundary (`serve --recipe-root/--allow-set`: a launch, an outside
+  MLflow store, a data path, a recipe elsewhere) fails the flow run naming it, before any work;
 - a two-stage run (pretrain,merge on a tiny budget) completes, its closing table is an artifact
   of the flow run, and its MLflow runs exist, tagged with the pipeline's Prefect flow run.
 - the deployment's Run page in the Prefect UI, rendered by headless Chromium (Debian's package),
@@ -111,14 +113,26 @@ def _deployments() -> dict:
     return asyncio.run(read())
 
 
+ALLOWED = ["workdir", "stages.pretrain.**", "stages.merge.**"]
+"""What the served forms may set beyond the default knobs: the tests' own workdirs and small budgets."""
+
+
 @pytest.fixture(scope="module")
-def served(server, client_settings, tmp_path_factory):
-    """`stagewise serve --recipe recipes/tiny.yaml`, run from another directory, until the module ends."""
+def team_recipes(tmp_path_factory) -> Path:
+    """A --recipe-root: the directory of recipes the team's forms may name besides the shipped ones."""
+    return tmp_path_factory.mktemp("team-recipes")
+
+
+@pytest.fixture(scope="module")
+def served(server, client_settings, tmp_path_factory, team_recipes):
+    """`stagewise serve --recipe recipes/tiny.yaml` with the team's recipe root and the ALLOWED keys open,
+    run from another directory, until the module ends."""
     cwd = tmp_path_factory.mktemp("serve")
     log = cwd / "serve.log"
     env = dict(server[1], PREFECT_RUNNER_POLL_FREQUENCY="1")
+    boundary = ["--recipe-root", str(team_recipes), *(a for key in ALLOWED for a in ("--allow-set", key))]
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(BIN / "stagewise"), "serve", "--recipe", str(TINY)], env=env, cwd=cwd,
+        proc = subprocess.Popen([str(BIN / "stagewise"), "serve", "--recipe", str(TINY), *boundary], env=env, cwd=cwd,
                                 stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
@@ -187,13 +201,14 @@ def test_a_stage_outside_the_form_is_refused_by_the_server(served):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["bad override", "stage the recipe lacks"])
-def test_bad_parameters_fail_the_flow_run_with_the_located_message_and_train_nothing(served, tmp_path, case):
+def test_bad_parameters_fail_the_flow_run_with_the_located_message_and_train_nothing(served, tmp_path, case,
+                                                                                     team_recipes):
     workdir = tmp_path / "w"
     if case == "bad override":
         params = {"stages": ["pretrain"], "overrides": [f"workdir={workdir}", "stages.pretrain.tokenz=5"]}
         where = "stages.pretrain.tokenz: unknown key; did you mean tokens? (--set stages.pretrain.tokenz=5)"
     else:
-        recipe = tmp_path / "no_sft.yaml"
+        recipe = team_recipes / "no_sft.yaml"
         recipe.write_text(f"base: {TINY}\nstages:\n  sft: null\n  distill: null\n")  # distill starts from sft
         params = {"recipe": str(recipe), "stages": ["pretrain", "sft"], "overrides": [f"workdir={workdir}"]}
         where = "--stages: the recipe has no stages.sft block"
@@ -201,6 +216,30 @@ def test_bad_parameters_fail_the_flow_run_with_the_located_message_and_train_not
     assert run.state.is_failed(), run.state
     assert "BadInput" in run.state.message and where in run.state.message, run.state.message
     assert not workdir.exists()  # no stage directory, no MLflow store: nothing started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["launch image", "outside MLflow", "data path", "recipe elsewhere"])
+def test_a_form_asking_past_the_operators_boundary_fails_before_any_work_naming_it(served, tmp_path, case):
+    workdir = tmp_path / "w"
+    params = {"stages": ["sft"], "overrides": [f"workdir={workdir}"]}
+    if case == "launch image":
+        params["overrides"] += ["stages.sft.engine=megatron", "stages.sft.launch={env: {image: evil/image}}"]
+        where = "overrides: stages.sft.engine may not be set from a form"
+    elif case == "outside MLflow":
+        params["overrides"].append("tracking.uri=http://outside.example:5000")
+        where = "overrides: tracking.uri may not be set from a form"
+    elif case == "data path":
+        params["overrides"].append("stages.sft.data.sources[0].path=/etc/shadow")
+        where = "overrides: stages.sft.data.sources[0].path may not be set from a form"
+    else:
+        elsewhere = tmp_path / "mine.yaml"  # not under a --recipe-root
+        elsewhere.write_text(f"base: {TINY}\n")
+        params["recipe"] = str(elsewhere)
+        where = f"recipe: {elsewhere.resolve()} is outside the directories this server serves recipes from"
+    run = _trigger(served, "pipeline", params, timeout=180)
+    assert run.state.is_failed() and where in run.state.message, run.state.message
+    assert not workdir.exists()  # refused in the flow run, before the recipe was even read
 
 
 @pytest.mark.slow
@@ -277,5 +316,10 @@ def test_serve_with_a_pool_registers_the_deployments_on_a_process_work_pool(serv
     assert "prefect worker start --pool stagewise-test" in proc.stdout
     found = _deployments()
     assert set(found) == NAMES and {d.work_pool_name for d in found.values()} == {"stagewise-test"}
+    from stagewise.deployments.form_policy import POLICY_ENV, DEFAULT_ALLOWED, FormPolicy
+
+    for d in found.values():  # the pool's workers read the boundary from each job's environment
+        policy = FormPolicy.model_validate_json(d.job_variables["env"][POLICY_ENV])
+        assert str(TINY.parent.resolve()) in policy.recipe_roots and policy.allowed == list(DEFAULT_ALLOWED)
     with get_client(sync_client=True) as client:
         assert client.read_work_pool("stagewise-test").type == "process"

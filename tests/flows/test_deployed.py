@@ -54,7 +54,7 @@ def test_good_parameters_come_back_in_pipeline_order(tmp_path):
     assert check_request(str(TINY), [], [f"workdir={tmp_path}"])[1] is None  # none picked: every stage
 
 
-def test_the_flow_body_fails_before_any_work(tmp_path):
+def test_the_flow_body_fails_before_any_work(tmp_path, open_forms):
     workdir = tmp_path / "w"
     with pytest.raises(BadInput, match=r"stages.pretrain.tokenz: unknown key"):
         run_recipe_flow.fn(recipe=str(TINY), stages=["pretrain"], overrides=[f"workdir={workdir}", "stages.pretrain.tokenz=5"])
@@ -79,7 +79,7 @@ def test_the_form_offers_the_available_stages():
     assert props["force"]["type"] == "boolean" and props["force"]["default"] is False
 
 
-def test_the_recipe_doctor_refuses_before_any_work_as_stagewise_run_does(tmp_path):
+def test_the_recipe_doctor_refuses_before_any_work_as_stagewise_run_does(tmp_path, open_forms):
     workdir = tmp_path / "w"
     with pytest.raises(BadInput, match=r"the recipe doctor found errors[\s\S]*stages\.sft\.stages\[0\]\.optimizer\.lr[\s\S]*finetune-lr"):
         run_recipe_flow.fn(recipe=str(TINY), stages=["sft"],

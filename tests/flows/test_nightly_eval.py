@@ -40,7 +40,7 @@ def test_suites_are_the_named_one_or_all_and_bad_names_are_located():
         suites_to_run({}, None)
 
 
-def test_the_newest_stage_with_a_version_is_scored(tmp_path, tiny_checkpoint):
+def test_the_newest_stage_with_a_version_is_scored(tmp_path, tiny_checkpoint, open_forms):
     checkpoint = tiny_checkpoint
     workdir = tmp_path / "w"
     recipe = tmp_path / "r.yaml"

@@ -168,7 +168,7 @@ def test_the_cli_exits_2_naming_the_rule_files_line(store, tmp_path, capsys):
     assert tracker.alias_holder("exp", "cli-champion") is not None
 
 
-def test_the_flow_promotes_and_a_bad_rule_fails_it(store):
+def test_the_flow_promotes_and_a_bad_rule_fails_it(store, open_forms):
     tracker, _, versions, root = store
     path = rule_file(root, "flow.yaml", f'all: [{{metric: {ACC}, op: ">=", value: 0.3}}]\n')
     decision = promote_flow(experiment="exp", stage="pretrain", rule=str(path), alias="flow-champion", tracking_uri=tracker.uri)
