@@ -55,7 +55,7 @@ from stagewise.tasks.data_profile import sft_profile_task
 from stagewise.tasks.evaluate import heldout_task, loss_report_task, suite_task
 from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
 from stagewise.tasks.sft_data import PackedRef, blend_pack_task, curate_task, resolve, sft_start_task, sft_world_task
-from stagewise.store.steps import file_hash, finished, mark_finished, reuse, step_dir, value_of
+from stagewise.store.steps import claim_step, file_hash, finished, mark_finished, reuse, step_dir, value_of
 from stagewise.store.tracking import Tracker
 from stagewise.tasks.train import PackedData, TrainSpec
 
@@ -162,6 +162,7 @@ def train_substage(ctx: StageContext, sub: SFTSubStage, index: int, packed: Pack
         spec = with_engine(substage_spec(sub, train_cfg, block.mtp, suite, scores.heldout_limit, ctx.seed), block.stage)
         out_dir = step_dir(ctx.stages_root, kind, spec, [start.sha256 or start.path, packed.digest])
         tracker.set_tags(run_id, {"stagewise.stage_dir": str(out_dir), "stagewise.start_checkpoint": start.path})
+        claim_step(kind, out_dir, run_id)  # waits while another live run builds this sub-stage
         record = finished(out_dir)
         if record is not None and Path(record["checkpoint"]["path"]).is_dir():
             record = reuse(kind, out_dir, record)

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict
 from stagewise.model.runtime import Runtime
 from stagewise.store.refs import CheckpointRef, StageResult
 from stagewise.tasks.policy import run_logger
-from stagewise.store.steps import finished, mark_finished, reuse
+from stagewise.store.leases import releasing_new
+from stagewise.store.steps import claim_step, finished, mark_finished, reuse
 from stagewise.store.tracking import STAGE_TAG, Tracker
 
 REUSED_TAG = "stagewise.reused"
@@ -96,7 +97,8 @@ def stage_run(ctx: StageContext, name: str, tags: dict[str, str] | None = None) 
     with ctx.tracker.run(name, {STAGE_TAG: name.split("/")[0], **ctx.run_tags, **(tags or {})}, ctx.parent_run_id) as run_id:
         ctx.tracker.log_params(run_id, ctx.runtime.params())
         run_logger().info("%s: starting on %s/%s (MLflow run %s)", name, ctx.runtime.device, ctx.runtime.precision, run_id)
-        yield run_id
+        with releasing_new():  # the step leases this stage run took end with it, however it ends
+            yield run_id
 
 
 def _say(result: StageResult, how: str) -> None:
@@ -111,7 +113,9 @@ def _say(result: StageResult, how: str) -> None:
 
 
 def reused_result(ctx: StageContext, stage: str, run_id: str, out_dir: Path) -> StageResult | None:
-    """A finished step's result, handed back as Cached in Prefect and re-logged to `run_id`; else None."""
+    """A finished step's result, handed back as Cached in Prefect and re-logged to `run_id`; else None
+    (this run then holds the step's lease and builds it). Another live run building the step is waited for."""
+    claim_step(stage, out_dir, run_id)
     record = finished(out_dir)
     if record is None or not Path(record["result"]["checkpoint"]).exists():
         return None

@@ -9,7 +9,9 @@ workdir or a different MLflow store does not retrain.
 A step is finished when its marker (`finished.json`, written last and atomically) exists;
 the marker records what the step hands on (a StageResult's fields, its headline metrics), so
 a rerun reuses it without opening a checkpoint. A directory with checkpoints and no marker
-is an interrupted step: it continues only with `--resume`. In Prefect, a reused step is one
+is an interrupted step: it continues only with `--resume`. A run claims a step before it looks
+at it (`claim_step`, store/leases.py): while another live run builds it, this one waits, then
+reuses it. In Prefect, a reused step is one
 task run in the Cached state whose cache key is the step hash and whose message says what
 was reused, so the UI and the directories tell the same story.
 """
@@ -27,7 +29,8 @@ from prefect import task
 from stagewise.data.digest import file_sha256 as file_hash  # how a file enters a step's inputs: sha256 of its bytes
 from prefect.client.schemas.objects import StateDetails
 from prefect.states import Completed, State
-from stagewise.tasks.policy import retrying
+from stagewise.store.leases import claim, describe, release, ttl_s, wait_for
+from stagewise.tasks.policy import once, retrying, run_logger
 
 HASH_CHARS = 16
 MARKER = "finished.json"
@@ -80,6 +83,7 @@ def mark_finished(directory: str | Path, record: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, directory / MARKER)
+    release(directory)  # the step is done: a run waiting on it reuses it now
 
 
 def cached(value: Any, key: str, message: str) -> State:
@@ -105,3 +109,29 @@ def reuse(kind: str, directory: str | Path, record: dict) -> dict:
     """Report a finished step's `record` to Prefect as a Cached task run, and return it."""
     return value_of(reuse_step_task(kind, str(directory), record))
 
+
+
+def _is_finished(directory: Path) -> bool:
+    return finished(directory) is not None
+
+
+@task(**once("wait-for-step"))
+def wait_for_step_task(kind: str, directory: str, holder: str) -> None:
+    """Wait while another live run builds the step (this task run stays Running, its log says for whom)."""
+    run_logger().info("%s: %s is building %s; waiting for it to finish", kind, holder, directory)
+    wait_for(Path(directory), _is_finished)
+
+
+def claim_step(kind: str, directory: str | Path, run_id: str | None) -> bool:
+    """Claim the step at `directory` for this run before looking at it (store/leases.py): True when this
+    run now builds it (it holds the lease until mark_finished or the end of its stage run), False when
+    it is finished, maybe after waiting for the live run that was building it."""
+    def on_wait(d: Path, holder: dict) -> None:
+        run_logger().info("%s: waiting for %s, which is building %s", kind, describe(holder), d)
+        wait_for_step_task(kind, str(d), describe(holder))
+
+    def on_takeover(d: Path, dead: dict) -> None:
+        run_logger().warning("%s: %s stopped building %s (no heartbeat for %.0f s): this run takes the step over",
+                             kind, describe(dead), d, ttl_s())
+
+    return claim(directory, run_id, _is_finished, on_wait, on_takeover) is not None

@@ -80,6 +80,32 @@ def default_tracking_uri(workdir: Path) -> str:
     return f"sqlite:///{(Path(workdir) / 'mlflow.db').resolve()}"
 
 
+_READY_STORES: set[str] = set()
+
+
+def _create_sqlite_store_once(uri: str) -> None:
+    """Create a SQLite store's tables under an flock beside it, once per process: MLflow creates them on
+    a store's first use without a lock, so two runs starting on one workdir (a schedule firing while a
+    form's run starts) both ran the migrations and the second died on `table ... already exists`."""
+    if not uri.startswith("sqlite:///") or uri in _READY_STORES:
+        return
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with _LOCK, open(db.with_name(db.name + ".lock"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            client.search_experiments(max_results=1)  # the tracking tables, made or migrated
+            client.search_registered_models(max_results=1)  # the registry's, in the same file
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+    _READY_STORES.add(uri)
+
+
 @dataclass(frozen=True)
 class Tracker:
     """A small handle (URI + experiment) that is cheap to pass between Prefect tasks."""
@@ -101,6 +127,7 @@ class Tracker:
         _mlflow_http_defaults()
         from mlflow import MlflowClient
 
+        _create_sqlite_store_once(self.uri)
         return MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
 
     def _retrying(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -20,19 +20,16 @@ the server through the Prefect client (`run_deployment` is what the Run button c
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.e2e.servers import prefect_server, stop, tail
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny.yaml"
@@ -46,50 +43,11 @@ SMALL = [  # 16 steps of 2048 tokens, two checkpoints, one 2-checkpoint merge wi
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen, grace: float = 30) -> None:
-    """SIGTERM (serve pauses its deployments), then SIGKILL if it lingers."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
-def _tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-4000:] if path.exists() else ""
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A Prefect server on a free port: (api url, environment for its clients)."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=url, PREFECT_SERVER_ANALYTICS_ENABLED="false", CI="1",
-               PREFECT_UI_ENABLED="true", PREFECT_UI_API_URL=url)  # the UI served too: the run form test opens it
-    log = home / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
-                                 "--analytics-off"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=home)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            assert proc.poll() is None and time.monotonic() < deadline, "prefect server did not start:\n" + _tail(log)
-            time.sleep(1)
-        yield url, env
-    finally:
-        _stop(proc)
+    """A Prefect server on a free port, the UI served (the run form test opens it): (api url, client env)."""
+    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +95,11 @@ def served(server, client_settings, tmp_path_factory, team_recipes):
     try:
         deadline = time.monotonic() + 120
         while set(_deployments()) != NAMES:
-            assert proc.poll() is None and time.monotonic() < deadline, "stagewise serve did not register:\n" + _tail(log)
+            assert proc.poll() is None and time.monotonic() < deadline, "stagewise serve did not register:\n" + tail(log)
             time.sleep(1)
         yield log
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _trigger(served: Path, deployment: str, parameters: dict, timeout: float = 600):
@@ -149,7 +107,7 @@ def _trigger(served: Path, deployment: str, parameters: dict, timeout: float = 6
     from prefect.deployments import run_deployment
 
     run = run_deployment(f"stagewise-recipe/{deployment}", parameters=parameters, poll_interval=1, timeout=timeout)
-    assert run.state.is_final(), f"{run.state!r} after {timeout} s\n" + _tail(served)
+    assert run.state.is_final(), f"{run.state!r} after {timeout} s\n" + tail(served)
     return run
 
 
@@ -251,7 +209,7 @@ def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served
     workdir = tmp_path / "w"
     started = time.monotonic()
     run = _trigger(served, "pipeline", {"stages": ["merge", "pretrain"], "overrides": [f"workdir={workdir}", *SMALL]})
-    assert run.state.is_completed(), f"{run.state!r}\n" + _tail(served)
+    assert run.state.is_completed(), f"{run.state!r}\n" + tail(served)
     print(f"two-stage run: {time.monotonic() - started:.0f} s")
 
     async def subflows() -> list:
