@@ -63,7 +63,6 @@ def ensure_venv() -> None:
 
 
 MEGATRON_VENV = ROOT / ".venv-megatron"
-MEGATRON_BIN = MEGATRON_VENV / ("Scripts" if os.name == "nt" else "bin")
 MEGATRON_STAMP = MEGATRON_VENV / ".stagewise-megatron-pins"
 # The side environment's pins, in the order they are installed (how each group goes in: _MEGATRON_STEPS).
 # Megatron-Bridge 0.6.2 / megatron-core 0.19.2 declare Python >= 3.12 and pull CUDA-only packages
@@ -131,49 +130,67 @@ def megatron_pins_key() -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _step(line: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-    """One build step: its line printed, its output kept quiet unless it fails."""
-    print(f"megatron-env: {line}", flush=True)
+def _side_step(env_name: str, line: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+    """One side-environment build step: its line printed, its output kept quiet unless it fails."""
+    print(f"{env_name}: {line}", flush=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | (env or {})
     done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode:
         noise = "is ignored: it is neither a file nor a directory"  # pip on the machine's local indexes
         tail = [ln for ln in done.stdout.splitlines() if noise not in ln][-40:]
-        raise SystemExit(f"megatron-env: failed ({done.returncode}): {' '.join(cmd)}\n" + "\n".join(tail))
+        raise SystemExit(f"{env_name}: failed ({done.returncode}): {' '.join(cmd)}\n" + "\n".join(tail))
 
 
-def ensure_megatron_env() -> Path:
-    """Build .venv-megatron from MEGATRON_PINS unless its stamp says it is built from them; its python."""
-    python = MEGATRON_BIN / "python"
-    if python.exists() and MEGATRON_STAMP.exists() and MEGATRON_STAMP.read_text() == megatron_pins_key():
-        print(f"megatron-env: {MEGATRON_VENV.name} is up to date", flush=True)
+def _build_side_env(env_name: str, venv_dir: Path, stamp: Path, key: str, pins: dict[str, list[str]],
+                    steps: dict[str, tuple[str, list[str], dict[str, str]]], check: str, warm: list[str],
+                    what_warm: str, after_install=None) -> Path:
+    """Build a side environment from `pins`, group by group as `steps` say (line, pip arguments,
+    environment), unless `stamp` holds `key` (the hash of what it is built from); its python. Then
+    `after_install(python)`, the `check` script (argv[1]: every pin) and the `warm` imports (bytecode
+    written). A build that fails leaves no stamp, so the next call starts over."""
+    python = venv_dir / ("Scripts" if os.name == "nt" else "bin") / "python"
+    if python.exists() and stamp.exists() and stamp.read_text() == key:
+        print(f"{env_name}: {venv_dir.name} is up to date", flush=True)
         return python
-    if MEGATRON_VENV.exists():
-        print(f"megatron-env: removing {MEGATRON_VENV.name} (built from other pins, or not finished)", flush=True)
-        shutil.rmtree(MEGATRON_VENV)
+    if venv_dir.exists():
+        print(f"{env_name}: removing {venv_dir.name} (built from other pins, or not finished)", flush=True)
+        shutil.rmtree(venv_dir)
     t0 = time.monotonic()
-    print(f"megatron-env: creating {MEGATRON_VENV.name}", flush=True)
-    venv.EnvBuilder(with_pip=True).create(MEGATRON_VENV)
-    # --no-compile: byte-compiling all 2.9 GB took longer than installing it; what runs compiles on first import.
+    print(f"{env_name}: creating {venv_dir.name}", flush=True)
+    venv.EnvBuilder(with_pip=True).create(venv_dir)
+    # --no-compile: byte-compiling all of it took longer than installing it; `warm` compiles what runs.
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-compile"]
-    for group, (line, extra, env) in _MEGATRON_STEPS.items():
-        pins = MEGATRON_PINS[group]
-        _step(f"{line}: {' '.join(pins)}" if len(pins) <= 2 else f"{line} ({len(pins)} pins)", pip + extra + pins, env)
+    for group, (line, extra, env) in steps.items():
+        group_pins = pins[group]
+        _side_step(env_name, f"{line}: {' '.join(group_pins)}" if len(group_pins) <= 2 else
+                   f"{line} ({len(group_pins)} pins)", pip + extra + group_pins, env)
+    if after_install is not None:
+        after_install(python)
+    _side_step(env_name, "checking the environment",
+               [str(python), "-c", check, json.dumps([p for group in pins.values() for p in group])])
+    _side_step(env_name, f"byte-compiling {what_warm}", [str(python), "-c", *warm])
+    stamp.write_text(key)
+    print(f"{env_name}: ready in {time.monotonic() - t0:.0f} s ({python.relative_to(ROOT)})", flush=True)
+    return python
+
+
+def _typing_override(python: Path) -> None:
+    """Python 3.11's stand-in for typing.override (_OVERRIDE_PTH), in the side environment's site-packages."""
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
     print("megatron-env: typing.override for Python 3.11 (a .pth in the side environment)", flush=True)
     Path(purelib, _OVERRIDE_PTH[0]).write_text(_OVERRIDE_PTH[1])
-    _step("checking the environment", [str(python), "-c", _MEGATRON_CHECK,
-                                        json.dumps([p for group in MEGATRON_PINS.values() for p in group])])
-    _step("byte-compiling what the megatron tests import", [str(python), "-c", _MEGATRON_WARM,
-                                                            str(ROOT / "tests" / "engines" / "megatron" / "side_env")])
-    MEGATRON_STAMP.write_text(megatron_pins_key())
-    print(f"megatron-env: ready in {time.monotonic() - t0:.0f} s ({python.relative_to(ROOT)})", flush=True)
-    return python
+
+
+def ensure_megatron_env() -> Path:
+    """Build .venv-megatron from MEGATRON_PINS unless its stamp says it is built from them; its python."""
+    return _build_side_env("megatron-env", MEGATRON_VENV, MEGATRON_STAMP, megatron_pins_key(), MEGATRON_PINS,
+                           _MEGATRON_STEPS, _MEGATRON_CHECK,
+                           [_MEGATRON_WARM, str(ROOT / "tests" / "engines" / "megatron" / "side_env")],
+                           "what the megatron tests import", after_install=_typing_override)
 
 
 GYM_VENV = ROOT / ".venv-gym"
-GYM_BIN = GYM_VENV / ("Scripts" if os.name == "nt" else "bin")
 GYM_STAMP = GYM_VENV / ".stagewise-gym-pins"
 # The NeMo Gym side environment's pins, in the order they are installed (_GYM_STEPS). nemo-gym 0.7.0
 # declares Python >= 3.13.14 and pulls a serving stack (mlflow, datasets, mcp, anthropic, pyarrow,
@@ -198,9 +215,9 @@ GYM_PINS: dict[str, list[str]] = {
     ],
     "gym": ["nemo-gym==0.7.0"],
 }
-_GYM_STEPS = {  # group -> (what the step line says, extra pip arguments)
-    "resolved": ("what NeMo Gym's row models import", []),
-    "gym": ("nemo-gym (no deps, Python >= 3.13.14 declared)", ["--no-deps", "--ignore-requires-python"]),
+_GYM_STEPS = {  # group -> (what the step line says, extra pip arguments, extra environment)
+    "resolved": ("what NeMo Gym's row models import", [], {}),
+    "gym": ("nemo-gym (no deps, Python >= 3.13.14 declared)", ["--no-deps", "--ignore-requires-python"], {}),
 }
 # Every pin at its version (argv[1]: the pins), and no torch (nothing here needs it).
 _GYM_CHECK = """
@@ -233,39 +250,10 @@ def gym_pins_key() -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _gym_step(line: str, cmd: list[str]) -> None:
-    """One gym-env build step: its line printed, its output kept quiet unless it fails."""
-    print(f"gym-env: {line}", flush=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode:
-        noise = "is ignored: it is neither a file nor a directory"  # pip on the machine's local indexes
-        tail = [ln for ln in done.stdout.splitlines() if noise not in ln][-40:]
-        raise SystemExit(f"gym-env: failed ({done.returncode}): {' '.join(cmd)}\n" + "\n".join(tail))
-
-
 def ensure_gym_env() -> Path:
     """Build .venv-gym from GYM_PINS unless its stamp says it is built from them; its python."""
-    python = GYM_BIN / "python"
-    if python.exists() and GYM_STAMP.exists() and GYM_STAMP.read_text() == gym_pins_key():
-        print(f"gym-env: {GYM_VENV.name} is up to date", flush=True)
-        return python
-    if GYM_VENV.exists():
-        print(f"gym-env: removing {GYM_VENV.name} (built from other pins, or not finished)", flush=True)
-        shutil.rmtree(GYM_VENV)
-    t0 = time.monotonic()
-    print(f"gym-env: creating {GYM_VENV.name}", flush=True)
-    venv.EnvBuilder(with_pip=True).create(GYM_VENV)
-    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-compile"]
-    for group, (line, extra) in _GYM_STEPS.items():
-        pins = GYM_PINS[group]
-        _gym_step(f"{line}: {' '.join(pins)}" if len(pins) <= 2 else f"{line} ({len(pins)} pins)", pip + extra + pins)
-    _gym_step("checking the environment", [str(python), "-c", _GYM_CHECK,
-                                           json.dumps([p for group in GYM_PINS.values() for p in group])])
-    _gym_step("byte-compiling what the gym tests import", [str(python), "-c", _GYM_WARM])
-    GYM_STAMP.write_text(gym_pins_key())
-    print(f"gym-env: ready in {time.monotonic() - t0:.0f} s ({python.relative_to(ROOT)})", flush=True)
-    return python
+    return _build_side_env("gym-env", GYM_VENV, GYM_STAMP, gym_pins_key(), GYM_PINS, _GYM_STEPS, _GYM_CHECK,
+                           [_GYM_WARM], "what the gym tests import")
 
 
 TEST_WORKERS = 2

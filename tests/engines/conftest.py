@@ -1,8 +1,71 @@
-"""Fixtures of the engine tests. Tests get them through the fixtures, never `import conftest`."""
+"""Fixtures of the engine tests. Tests get them through the fixtures, never `import conftest`.
+
+Besides the stand-in engines, the interpreters of the two side environments with released libraries:
+tests marked `megatron` (the project's marker for side-environment tests) run code in `.venv-megatron`
+(Megatron-Bridge, `python3 dev.py megatron-env`) or `.venv-gym` (NeMo Gym, `python3 dev.py gym-env`)
+as subprocesses, `[python, script, args...]`, with the scripts of side_env/; nothing here imports
+them. They are left out by default (pyproject.toml's addopts) and count as `slow` too, so
+`-m "not slow"` leaves them out as well; `-m megatron` selects them.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("megatron") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+def _on_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _side_python(what: str, venv: str, override: str, stamp: str, key: str, pins: str, command: str) -> Path:
+    """A side environment's interpreter ($override, else <venv>/bin/python), checked to be the one dev.py's
+    pins build (its stamp holds their hash). Missing or stale: a failure on CI (these tests must run
+    there), a skip elsewhere."""
+    given = os.environ.get(override)
+    python = Path(given) if given else ROOT / venv / "bin" / "python"
+    problem = None
+    if not python.exists():
+        problem = f"no {what} side environment at {python}"
+    elif not given:
+        spec = importlib.util.spec_from_file_location("stagewise_dev", ROOT / "dev.py")
+        dev = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(dev)
+        path = getattr(dev, stamp)
+        if not path.is_file() or path.read_text() != getattr(dev, key)():
+            problem = f"{python.parents[1]} was not built from dev.py's {pins} (or its build did not finish)"
+    if problem:
+        how = f"`python3 dev.py {command}` builds it"
+        if _on_ci():
+            pytest.fail(f"{problem}; {how} (CI is set: these tests must run, never skip)", pytrace=False)
+        pytest.skip(f"{problem}; {how}")
+    return python
+
+
+@pytest.fixture(scope="session")
+def megatron_python() -> Path:
+    """The released Megatron-Bridge's interpreter ($STAGEWISE_MEGATRON_PYTHON, else .venv-megatron/bin/python)."""
+    return _side_python("Megatron-Bridge", ".venv-megatron", "STAGEWISE_MEGATRON_PYTHON", "MEGATRON_STAMP",
+                        "megatron_pins_key", "MEGATRON_PINS", "megatron-env")
+
+
+@pytest.fixture(scope="session")
+def gym_python() -> Path:
+    """The released NeMo Gym's interpreter ($STAGEWISE_GYM_PYTHON, else .venv-gym/bin/python)."""
+    return _side_python("NeMo Gym", ".venv-gym", "STAGEWISE_GYM_PYTHON", "GYM_STAMP", "gym_pins_key", "GYM_PINS",
+                        "gym-env")
 
 
 @pytest.fixture(scope="session")
