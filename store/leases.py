@@ -12,8 +12,9 @@ executor takes the same kind of lease per step):
 - A claimant that finds a live lease waits (it says so in its log, as a Prefect task run
   `wait-for-step` that stays Running while it waits), polling every POLL_S: once the holder's
   finish marker is there it reuses the step like any finished one.
-- A lease whose heartbeat is older than TTL_S belongs to a holder that died (SIGKILL, a lost node):
-  the claimant takes it over. The step's directory then holds an interrupted run, which continues
+- A lease whose heartbeat is older than the TTL belongs to a holder that died (SIGKILL, a lost node),
+  and so does one whose holder ran on this host under a pid that no longer exists (no need to wait
+  out the TTL after a local crash): the claimant takes it over. The step's directory then holds an interrupted run, which continues
   only with `--resume` (flows/stage.py `resume_point`; without it the run stops naming the
   directory), so a step is never finished from half-written state.
 - The holder releases the lease when it writes the finish marker, and when its stage run ends in
@@ -73,6 +74,25 @@ def _read(directory: Path) -> tuple[dict, float] | None:
         return None
 
 
+def _dead_here(holder: dict) -> bool:
+    """The holder ran on this host and its process is gone: dead now, no need to wait out the TTL
+    (a `--resume` right after a crash would otherwise wait a minute). Other hosts: the heartbeat tells."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def expired(holder: dict, age_s: float) -> bool:
+    """Whether a lease whose heartbeat is `age_s` old belongs to a dead holder."""
+    return age_s > ttl_s() or _dead_here(holder)
+
+
 def describe(holder: dict) -> str:
     return f"run {holder.get('run') or '?'} (pid {holder.get('pid')} on {holder.get('host')})"
 
@@ -115,7 +135,7 @@ def try_acquire(directory: Path, run: str | None) -> tuple[Lease | None, dict | 
               "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     with _guard(directory):
         found = _read(directory)
-        if found is not None and found[1] <= ttl_s():
+        if found is not None and not expired(*found):
             return None, found[0]
         tmp = directory / f"{LEASE}.tmp-{holder['id']}"
         tmp.write_text(json.dumps(holder))
@@ -169,7 +189,7 @@ def wait_for(directory: Path, is_finished: Callable[[Path], bool]) -> None:
     """Poll until the step is finished or its lease is gone or expired (then the caller claims again)."""
     while not is_finished(directory):
         found = _read(directory)
-        if found is None or found[1] > ttl_s():
+        if found is None or expired(*found):
             return
         time.sleep(POLL_S)
 

@@ -131,7 +131,7 @@ def claim_step(kind: str, directory: str | Path, run_id: str | None) -> bool:
         wait_for_step_task(kind, str(d), describe(holder))
 
     def on_takeover(d: Path, dead: dict) -> None:
-        run_logger().warning("%s: %s stopped building %s (no heartbeat for %.0f s): this run takes the step over",
-                             kind, describe(dead), d, ttl_s())
+        run_logger().warning("%s: %s stopped building %s (its process is gone, or no heartbeat for %.0f s): "
+                             "this run takes the step over", kind, describe(dead), d, ttl_s())
 
     return claim(directory, run_id, _is_finished, on_wait, on_takeover) is not None

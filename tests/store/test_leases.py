@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.store.leases import LEASE, claim, held, releasing_new, try_acquire
+from stagewise.store.leases import LEASE, claim, held, release, releasing_new, try_acquire
 from stagewise.store.steps import claim_step, finished, mark_finished
 
 CLAIMANT = textwrap.dedent("""\
@@ -65,7 +65,7 @@ def test_one_of_two_processes_builds_the_other_waits_then_finds_it_finished(tmp_
     assert not (step / LEASE).exists()  # released with the finish marker
 
 
-def test_a_sigkilled_holders_lease_expires_by_heartbeat_and_is_taken_over(tmp_path, monkeypatch):
+def test_a_sigkilled_holders_lease_is_taken_over_at_once_here_and_by_heartbeat_elsewhere(tmp_path, monkeypatch):
     monkeypatch.setenv("STAGEWISE_LEASE_TTL_S", "2")
     step = tmp_path / "stages" / "sft-stage1-0123456789abcdef"
     holder = _claimant(step, "dies", build_s=600, ttl=2)
@@ -76,15 +76,26 @@ def test_a_sigkilled_holders_lease_expires_by_heartbeat_and_is_taken_over(tmp_pa
     os.killpg(holder.pid, signal.SIGKILL)
     holder.wait(10)
     dead = json.loads((step / LEASE).read_text())
-    lease, live = try_acquire(step, "too-soon")  # inside the TTL the dead holder still counts as live
-    assert lease is None and live["id"] == dead["id"]
+    # its process is gone from this host: the lease is taken over without waiting for the TTL
     taken: list[dict] = []
     started = time.monotonic()
     mine = claim(step, "heir", lambda d: finished(d) is not None, on_takeover=lambda d, h: taken.append(h))
-    assert mine is not None and taken == [dead] and time.monotonic() - started >= 1.0
+    assert mine is not None and taken == [dead] and time.monotonic() - started < 1.0
     assert json.loads((step / LEASE).read_text())["run"] == "heir" and step.resolve() in held()
     mark_finished(step, {"by": "heir"})
     assert step.resolve() not in held() and not (step / LEASE).exists()
+
+    # a holder on another node: only its heartbeat tells, so the lease stands until the TTL has passed
+    other = tmp_path / "stages" / "pretrain-0123456789abcdef"
+    other.mkdir(parents=True)
+    remote = {"id": "remote", "run": "r", "pid": 1, "host": "gpu-node-7"}
+    (other / LEASE).write_text(json.dumps(remote))
+    lease, live = try_acquire(other, "too-soon")
+    assert lease is None and live == remote
+    started = time.monotonic()
+    mine = claim(other, "heir", lambda d: finished(d) is not None, on_takeover=lambda d, h: taken.append(h))
+    assert mine is not None and taken[-1] == remote and time.monotonic() - started >= 1.0
+    release(other)
 
 
 def test_a_live_holders_heartbeat_keeps_its_lease_past_the_ttl(tmp_path, monkeypatch):
