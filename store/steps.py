@@ -110,7 +110,6 @@ def reuse(kind: str, directory: str | Path, record: dict) -> dict:
     return value_of(reuse_step_task(kind, str(directory), record))
 
 
-
 def _is_finished(directory: Path) -> bool:
     return finished(directory) is not None
 

@@ -118,8 +118,7 @@ def job_name(step: str, run_dir: str | os.PathLike, run_id: str) -> str:
     Within Kubernetes' rules (an RFC 1123 label of at most 52 characters, so `<job>-<index>` pod
     hostnames fit 63) and Slurm's; the step's name is cut, never the suffix."""
     digest = hashlib.sha256(f"{run_id}\0{os.path.abspath(os.fspath(run_dir))}".encode()).hexdigest()[:JOB_SUFFIX]
-    head = re.sub(r"[^a-z0-9-]+", "-", step.lower()).strip("-")[:K8S_NAME_CHARS - JOB_SUFFIX - 1].strip("-")
-    return f"{head or 'engine'}-{digest}"
+    return f"{_k8s_name(step)[:K8S_NAME_CHARS - JOB_SUFFIX - 1].strip('-')}-{digest}"
 
 
 def plan_launch(launch: LaunchConfig, entry: Sequence[str], run_dir: str | os.PathLike, *,
