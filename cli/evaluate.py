@@ -58,7 +58,14 @@ def eval_cmd(
     suite: Optional[str] = typer.Option(None, "--suite", help="Suite name from the recipe's `eval` block."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="Recipe whose `eval` block defines --suite."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma-separated tasks instead of a suite: local ones by name or tag (world, world_lookup), a standard lm-eval task on your files as NAME@FOLDER (gsm8k@data/gsm8k), chat:NAME@FOLDER through the model's chat template."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N items per task (a quick look)."),
+    rows: Optional[Path] = typer.Option(None, "--rows", help="Task rows instead of lm-eval tasks (NeMo Gym-style JSONL, parquet or a datasets folder, each row naming its `environment`): pass@1 and greedy accuracy per domain, as the RL stage scores its held-out rows.", show_default=False),
+    samples: int = typer.Option(8, "--samples", min=1, help="With --rows: responses per prompt for pass@1."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", min=1, help="With --rows: the longest response."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="With --rows: the sampling temperature of pass@1 (greedy is always 0)."),
+    environment: Optional[str] = typer.Option(None, "--environment", help="With --rows: the verifier for every row (exact_answer, json_answer, calculator, sorting, uppercase), over any row's own."),
+    reasoning: bool = typer.Option(False, "--reasoning/--no-reasoning", help="With --rows: prompts with the template's reasoning switch on or off."),
+    seed: int = typer.Option(0, "--seed", help="With --rows: the sampling seed."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N items per task, or N rows taken round-robin over their domains (a quick look)."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, help="Sequences per forward pass."),
     device: str = typer.Option("auto", "--device", help="auto (the recipe's runtime.device with --recipe, else cuda when present, else cpu), cpu or cuda."),
     overrides: list[str] = SetOpt,
@@ -72,15 +79,27 @@ def eval_cmd(
     with one file per split (test.jsonl, train.parquet, ...); a missing file or column
     exits 2 naming what to provide. chat:NAME@FOLDER renders through the model's template.
 
+    --rows FILE scores the checkpoint on task rows the way the RL stage scores its held-out
+    rows: pass@1 (mean verifier result over --samples responses per prompt) and greedy
+    accuracy, per domain (a row's `domain`, else the file's name) and over all prompts.
+
     \b
     Example:
       stagewise eval runs/tiny/stages/pretrain-*/step-00000360 --suite chat --recipe recipes/tiny.yaml --limit 20
       stagewise eval runs/tiny/stages/pretrain-*/step-00000360 --tasks world --json
       stagewise eval CKPT --tasks gsm8k@evaldata/gsm8k,arc_easy@evaldata/arc_easy --limit 50
+      stagewise eval runs/tiny/stages/rl-*/step-00000160 --rows runs/tiny/rl_world/*/rl_eval.jsonl --samples 8
     """
-    names = _eval_tasks(suite, recipe, tasks, overrides)
     from stagewise.model.checkpoint_check import check_checkpoint
 
+    if rows is not None:
+        if suite is not None or tasks is not None:
+            raise BadInput("--rows scores task rows: give it without --suite or --tasks")
+        check_checkpoint(checkpoint, tokenizer=True)
+        return _eval_rows(checkpoint, rows, samples=samples, max_new_tokens=max_new_tokens, temperature=temperature,
+                          seed=seed, reasoning=reasoning, environment=environment, limit=limit,
+                          device=_runtime(device, recipe, overrides).device, as_json=as_json)
+    names = _eval_tasks(suite, recipe, tasks, overrides)
     check_checkpoint(checkpoint, tokenizer=True)
     from stagewise.eval.harness import UnknownTaskError, run_checkpoint, task_manager
 
@@ -98,6 +117,29 @@ def eval_cmd(
         width = max((len(k) for k in result.metrics), default=0)
         for key, value in result.metrics.items():
             typer.echo(f"  {key:<{width}}  {value:.4f}")
+
+    emit(report, as_json, text)
+
+
+def _eval_rows(checkpoint: Path, rows: Path, *, as_json: bool, **settings) -> None:
+    """`eval --rows`: eval/task_rows.py's scores, as a table of domains or as JSON."""
+    from stagewise.eval.task_rows import score_rows
+
+    if not rows.exists():
+        raise BadInput(f"--rows: {rows}: no such file or directory")
+    scores = score_rows(checkpoint, rows, **settings)
+    report = {"checkpoint": str(checkpoint), "rows": str(rows), **{k: settings[k] for k in (
+        "samples", "max_new_tokens", "temperature", "seed", "reasoning", "environment", "limit")}, **scores}
+
+    def text() -> None:
+        typer.echo(f"{checkpoint}  ({rows}: pass@1 over {settings['samples']} samples at temperature "
+                   f"{settings['temperature']:g}, greedy)")
+        domains = [*scores["prompts"], "all"]
+        width = max(len(d) for d in domains)
+        typer.echo(f"  {'domain':<{width}}  prompts  pass@1  greedy")
+        for d in domains:
+            n = scores["prompts"][d] if d != "all" else sum(scores["prompts"].values())
+            typer.echo(f"  {d:<{width}}  {n:>7}  {scores['pass_at_1'][d]:.4f}  {scores['greedy'][d]:.4f}")
 
     emit(report, as_json, text)
 

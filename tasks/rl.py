@@ -71,8 +71,10 @@ def rl_world_task(world, entities: int, seed: int, workdir: str) -> str:
 
 
 def load_tasks(path: Path, name: str, domain: str | None, environment: str | None,
-               on_bad_line: str = "error") -> list[TaskRow]:
-    """Rows of one file with domain (source > row > name) and environment (source > row) resolved."""
+               on_bad_line: str = "error",
+               missing_environment: str = "give the source an `environment`") -> list[TaskRow]:
+    """Rows of one file with domain (source > row > name) and environment (source > row) resolved;
+    `missing_environment` says how the caller names an environment for rows that carry none."""
     from stagewise.data.errors import BadInput
     from stagewise.data.rl_rows import read_rows
     from stagewise.eval.environments import get_environment
@@ -81,7 +83,7 @@ def load_tasks(path: Path, name: str, domain: str | None, environment: str | Non
     for i, row in enumerate(read_rows(path, on_bad_line=on_bad_line), start=1):
         env = environment or (row.model_extra or {}).get("environment")
         if not env:
-            raise BadInput(f"{path}: row {i}: no environment: give the source an `environment` "
+            raise BadInput(f"{path}: row {i}: no environment: {missing_environment} "
                            "or the row an \"environment\" key")
         get_environment(env)
         out.append(TaskRow(id=f"{name}:{row.id if row.id is not None else i}", domain=domain or row.domain or name,
@@ -218,7 +220,7 @@ def heldout_eval_task(generator, wiring: RLWiring, ids: list[str], samples: int,
         scores = json.loads(path.read_text())
         run_logger().info("%s: held-out scores of these weights read from %s (scored before)", prefix, path.parent)
     else:
-        scores = _heldout_scores(generator, wiring, ids, samples, max_new_tokens, temperature, seed)
+        scores = heldout_scores(generator, wiring, ids, samples, max_new_tokens, temperature, seed)
         if path is not None:  # written whole or not at all: a temporary sibling, then renamed
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp-{os.getpid()}-{threading.get_ident()}")
@@ -229,8 +231,10 @@ def heldout_eval_task(generator, wiring: RLWiring, ids: list[str], samples: int,
     return metrics
 
 
-def _heldout_scores(generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
-                    temperature: float, seed: int) -> dict[str, dict[str, float]]:
+def heldout_scores(generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
+                   temperature: float, seed: int) -> dict[str, dict[str, float]]:
+    """{"pass_at_1": per domain, "greedy": per domain} of the prompts `ids` (no logging, no cache:
+    heldout_eval_task and eval/task_rows.py add what each needs)."""
     from stagewise.model.rl_batches import pass_rates
 
     prompts = [wiring.prompts[i] for i in ids]
