@@ -100,12 +100,25 @@ class RLStage(OnPolicyStage):
     filter: DifficultyFilter | None = Field(default_factory=DifficultyFilter)
     """The difficulty profile (None: no profile, every prompt kept at pass rate 0.5)."""
     curriculum: CurriculumConfig | None = Field(default_factory=CurriculumConfig)
-    """Gaussian curriculum over pass rates, easy to hard (None: uniform within each domain)."""
+    """Gaussian curriculum over pass rates, easy to hard (None: uniform within each domain). It needs
+    the profile: with `filter: null` the default one is dropped and an explicit one refused."""
     reprofile: PlateauRule | None = None
     """Re-profile the training prompts with the current policy when the training reward stalls,
     so the curriculum weighs what is hard now (None: the starting profile throughout)."""
     rewards: RewardConfig = Field(default_factory=RewardConfig)
     """Reward components and their weights."""
+
+    @model_validator(mode="after")
+    def _curriculum_needs_a_profile(self) -> "RLStage":
+        """The curriculum samples by the profile's pass rates: without one every prompt sits at 0.5 and
+        a curriculum is uniform sampling in disguise. Asked for, it is refused; by default it goes."""
+        if self.filter is None and self.curriculum is not None:
+            if "curriculum" in self.model_fields_set:
+                raise ValueError("curriculum: a Gaussian curriculum samples by the difficulty profile's pass rates, "
+                                 "and `filter: null` profiles nothing (every prompt would sit at 0.5: uniform "
+                                 "sampling); set a filter or `curriculum: null`")
+            self.curriculum = None
+        return self
 
     @model_validator(mode="after")
     def _reprofile_needs_a_curriculum(self) -> "RLStage":

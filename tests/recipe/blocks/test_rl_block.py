@@ -64,3 +64,13 @@ def test_minibatches_must_divide_the_steps_and_fit_a_group():
     assert "must be <= group_size" in problems("stages.rl.rollout.minibatches=32", "stages.rl.steps=64")
     block = select(load_recipe(TINY, ["stages.rl.rollout.minibatches=2"]).recipe)
     assert block.stage.rollout.minibatches == 2
+
+
+def test_a_curriculum_without_a_difficulty_profile_is_refused_and_the_default_one_dropped():
+    text = problems("stages.rl.filter=null", "stages.rl.curriculum={sigma: 0.2}")
+    assert "stages.rl" in text and "`filter: null` profiles nothing" in text
+    from stagewise.recipe.blocks.rl import RLStage
+
+    stage = select(load_recipe(TINY).recipe).stage.model_dump(by_alias=True, exclude={"curriculum"})
+    assert RLStage.model_validate({**stage, "filter": None}).curriculum is None  # no profile: no default curriculum
+    assert RLStage.model_validate(stage).curriculum is not None  # profiled: the default curriculum stands
