@@ -44,6 +44,7 @@ SetOpt = typer.Option(
 )
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 DebugOpt = typer.Option(False, "--debug", help="Show the full traceback of a failure (or STAGEWISE_DEBUG=1).")
+VerboseOpt = typer.Option(False, "--verbose", help="Show every log line and library warning and progress bar on the terminal (by default only ours and errors; all of it is in <workdir>/logs/ either way).")
 ExperimentOpt = typer.Option(..., "--experiment", help="MLflow experiment (by default the recipe name).")
 RuleOpt = typer.Option(..., "--rule", help="YAML with a gate's all/any/guards/min_tokens (a whole gate block works too).")
 TrackingUriOpt = typer.Option(None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI).")

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from stagewise.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt, load
+from stagewise.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt, VerboseOpt, load
 from stagewise.cli.output import BadInput, emit, guarded
 from stagewise.recipe import shipped
 
@@ -37,9 +37,13 @@ def _closing(result: dict) -> None:
     from stagewise.flows.closing_table import render
 
     typer.echo("\n" + render(result["stages"]))
+    log = f"; the whole log: {result['log_file']}" if result.get("log_file") else ""
     typer.echo(f"\nResults are under {result['workdir']}; MLflow {result['tracking_uri']} "
                f"(experiment '{result['experiment']}'); runtime {result['runtime']['device']}/"
-               f"{result['runtime']['precision']}.")
+               f"{result['runtime']['precision']}{log}.")
+    served = result["tracking_uri"].startswith(("http://", "https://"))
+    typer.echo(f"The pipeline's MLflow run: {result['mlflow_run_url']}"
+               + ("" if served else f"  (after `mlflow ui --backend-store-uri {result['tracking_uri']}`)"))
 
 
 def doctor(loaded, stages: Optional[list[str]], force: bool, label: str = "") -> None:
@@ -61,14 +65,20 @@ def doctor(loaded, stages: Optional[list[str]], force: bool, label: str = "") ->
         typer.echo(label + f.line(), err=True)
 
 
-def _run(loaded, stages: Optional[str], resume: bool, force: bool = False) -> dict:
+def _run(loaded, stages: Optional[str], resume: bool, force: bool = False, verbose: bool = False) -> dict:
     from stagewise.recipe import select_stages
 
     chosen = select_stages(loaded.recipe, stages)  # bad names exit 2 before Prefect starts
     doctor(loaded, chosen, force)
+    from stagewise.cli.run_log import quiet_libraries, start_run_log
+
+    quiet_libraries(verbose)  # before torch, transformers and Prefect are imported
     from stagewise.flows.pipeline import run_pipeline
 
-    return run_pipeline(loaded, stages=chosen, resume=resume)
+    log: list[Path] = []  # the log file opens once every check passed: a refused run leaves no workdir
+    summary = run_pipeline(loaded, stages=chosen, resume=resume,
+                           on_start=lambda: log.append(start_run_log(loaded.recipe.workdir, verbose)))
+    return {**summary, "log_file": str(log[0].resolve()) if log else None}
 
 
 @guarded
@@ -78,6 +88,7 @@ def run(
     overrides: list[str] = SetOpt,
     resume: bool = typer.Option(False, "--resume", help="Continue each stage from its latest checkpoint."),
     force: bool = typer.Option(False, "--force", help="Run even when the recipe doctor (`stagewise check`) finds errors."),
+    verbose: bool = VerboseOpt,
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,
 ) -> None:
@@ -99,7 +110,7 @@ def run(
       stagewise run recipes/tiny.yaml --set runtime.device=cpu --json
     """
     loaded = load(recipe, overrides)
-    result = _run(loaded, stages, resume, force)
+    result = _run(loaded, stages, resume, force, verbose)
     emit(result, as_json, lambda: _closing(result))
 
 
@@ -107,6 +118,7 @@ def run(
 def demo(
     overrides: list[str] = SetOpt,
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint."),
+    verbose: bool = VerboseOpt,
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,
 ) -> None:
@@ -120,14 +132,8 @@ def demo(
       stagewise demo --set stages.pretrain.tokens=491520
     """
     loaded = load(shipped_recipe("tiny"), overrides)
-    result = _run(loaded, None, resume)
+    result = _run(loaded, None, resume, verbose=verbose)
     workdir = result.get("workdir", str(Path(loaded.recipe.workdir).resolve()))
     uri = result.get("tracking_uri") or f"sqlite:///{Path(workdir) / 'mlflow.db'}"
     result = {**result, "mlflow_ui": f"mlflow ui --backend-store-uri {uri}"}
-
-    def text() -> None:
-        _closing(result)
-        typer.echo(f"Open the MLflow UI:  {result['mlflow_ui']}"
-                   f"  (then http://127.0.0.1:5000, experiment '{result.get('experiment', loaded.recipe.name)}')")
-
-    emit(result, as_json, text)
+    emit(result, as_json, lambda: _closing(result))

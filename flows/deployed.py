@@ -42,18 +42,6 @@ def check_request(recipe: str, stages: Optional[list[str]], overrides: Optional[
     return loaded, (select_stages(loaded.recipe, list(stages)) if stages else None)
 
 
-def publish_summary(summary: dict) -> None:
-    """The closing table and where the results are, as a markdown artifact on the flow run's page."""
-    from prefect.artifacts import create_markdown_artifact
-
-    from stagewise.flows.closing_table import render
-
-    create_markdown_artifact(
-        key="stagewise-closing-table", description=f"{summary['recipe']}: one row per stage",
-        markdown=(f"```\n{render(summary['stages'])}\n```\n\nWorkdir `{summary['workdir']}`; MLflow "
-                  f"`{summary['tracking_uri']}` (experiment `{summary['experiment']}`)."))
-
-
 @flow(name="stagewise-recipe", validate_parameters=False, log_prints=False)
 def run_recipe_flow(
     recipe: str,
@@ -67,8 +55,8 @@ def run_recipe_flow(
     `overrides` are `--set` values, e.g. `stages.pretrain.tokens=491520`; `resume` continues each
     stage from its latest checkpoint; `force` runs even when the recipe doctor finds errors (as
     `stagewise run --force`: its errors fail the flow run before any work, its warnings are logged).
-    Returns the run's summary (the `stagewise run --json` document); the closing table is also the
-    flow run's artifact in the UI.
+    Returns the run's summary (the `stagewise run --json` document); the pipeline's flow run carries
+    the closing table and the MLflow link as artifacts, each stage's flow run its row (flows/pipeline.py).
     """
     from stagewise.recipe.doctor import diagnose, failing
     from stagewise.flows.pipeline import run_pipeline  # the stages (torch) load only once the input is good
@@ -91,7 +79,6 @@ def run_recipe_flow(
     logger.info("recipe %s (%s), stages %s, overrides %s, resume %s", loaded.path, loaded.recipe.name,
                 ",".join(chosen) if chosen else "all", list(overrides or []) or "none", resume)
     summary = run_pipeline(loaded, stages=chosen, resume=resume)
-    publish_summary(summary)
     logger.info("done: workdir %s; MLflow %s (experiment %s)", summary["workdir"], summary["tracking_uri"], summary["experiment"])
     return summary
 

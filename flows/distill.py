@@ -433,4 +433,9 @@ def _report(tracker, run_id: str, round_run_id: str, before: dict[str, float], a
                        "reports/distill.png")
 
 
-STAGE_ENTRY = Stage(name=STAGE, flow=distill_flow, select=select, start="handed_on")
+def _reads(block: DistillInputs) -> tuple[str, ...]:
+    """The earlier stages distillation reads: a student named by stage, and every stage teacher."""
+    return tuple(n for n in (block.stage.student, *(t.stage for t in block.stage.teachers)) if n)
+
+
+STAGE_ENTRY = Stage(name=STAGE, flow=distill_flow, select=select, start="handed_on", reads=_reads)

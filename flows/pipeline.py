@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from stagewise.flows.closing_table import closing_rows, log_closing_table
+from stagewise.flows.closing_table import closing_rows, log_closing_table, render
 from stagewise.recipe import LoadedRecipe, Recipe, RecipeError, flatten_recipe, recipe_hash, select_stages
 from stagewise.recipe.errors import cite_location, locate
 from stagewise.flows.registry import REGISTRY
@@ -70,13 +71,50 @@ def pipeline_flow(
         upstream = Upstream()
         for entry in chosen_stages(recipe, stages):
             started = time.monotonic()
-            result = entry.flow(ctx, entry.select(recipe), upstream)
+            block = entry.select(recipe)
+            result = entry.flow(ctx, block, upstream.read_by(entry, block))  # the object Prefect links its edges by
             if result.summary is not None:
                 result.summary.seconds = round(time.monotonic() - started, 1)
+            publish_stage_row(result, stage_flow_run(result), tracker)
             upstream = Upstream(results=[*upstream.results, result])
         tracker.log_json(parent, [r.model_dump() for r in upstream.results], "stage_results.json")
         log_closing_table(tracker, parent, upstream.results, workdir)
+        publish_closing_table(recipe.name, upstream.results, tracker, parent, workdir)
     return upstream.results
+
+
+def stage_flow_run(result: StageResult) -> str | None:
+    """The flow run a stage's result came from (Prefect links every returned object to its run's state)."""
+    from prefect.utilities.engine import get_state_for_result
+
+    linked = get_state_for_result(result)
+    return str(linked[0].state_details.flow_run_id) if linked else None
+
+
+def publish_stage_row(result: StageResult, flow_run_id: str | None, tracker: Tracker) -> None:
+    """The stage's closing-table row and the link to its MLflow run, as an artifact on its own flow run."""
+    from prefect.artifacts import MarkdownArtifact
+
+    MarkdownArtifact(key=f"stagewise-stage-{result.stage.replace('_', '-')}", flow_run_id=flow_run_id,
+                     description=f"{result.stage}: its closing-table row",
+                     markdown=f"```\n{render(closing_rows([result]))}\n```\n\n"
+                              f"[MLflow run {result.run_id}]({tracker.ui_url(result.run_id)})").create()
+
+
+def publish_closing_table(name: str, results: list[StageResult], tracker: Tracker, parent: str, workdir: Path) -> None:
+    """The closing table, where the results are and a link to the pipeline's MLflow run, as artifacts on
+    the pipeline's flow run page (a CLI run, the demo and a deployment alike)."""
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+    url = tracker.ui_url(parent)
+    create_markdown_artifact(
+        key="stagewise-closing-table", description=f"{name}: one row per stage",
+        markdown=(f"```\n{render(closing_rows(results))}\n```\n\nWorkdir `{workdir}`; MLflow `{tracker.uri}` "
+                  f"(experiment `{tracker.experiment}`): [the pipeline's run]({url})."))
+    create_link_artifact(url, link_text=f"MLflow run {parent}", key="stagewise-mlflow-run",
+                         description="the pipeline's parent run in the MLflow UI"
+                                     + ("" if tracker.uri.startswith(("http://", "https://")) else
+                                        f" (after `mlflow ui --backend-store-uri {tracker.uri}`)"))
 
 
 def check_starts(recipe: Recipe, names: list[str]) -> None:
@@ -125,22 +163,31 @@ def check_engines(loaded: LoadedRecipe, names: list[str]) -> None:
         raise RecipeError(problems)
 
 
-def run_pipeline(loaded: LoadedRecipe, stages: list[str] | None = None, resume: bool = False) -> dict:
-    """Validate the stage selection, runtime and engines, run the flow, and summarise where everything went."""
+def run_pipeline(loaded: LoadedRecipe, stages: list[str] | None = None, resume: bool = False,
+                 on_start: Callable[[], object] | None = None) -> dict:
+    """Validate the stage selection, runtime and engines, call `on_start` (the CLI opens its run log
+    there: a refused run writes nothing), run the flow, and summarise where everything went."""
     chosen = chosen_stages(loaded.recipe, stages)
     check_starts(loaded.recipe, [s.name for s in chosen])  # bad input fails before Prefect starts
     runtime = runtime_of(loaded)
     check_engines(loaded, [s.name for s in chosen])
+    if on_start is not None:
+        on_start()
     state = pipeline_flow(loaded.recipe, str(loaded.path.parent.resolve()), stages, resume, runtime, return_state=True)
     results = state.result()
     workdir = Path(loaded.recipe.workdir).resolve()
     tracker = tracker_for(loaded.recipe, workdir)
+    flow_run_id = str(state.state_details.flow_run_id)
+    parent = tracker.client().search_runs([tracker.experiment_id()], f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'",
+                                          max_results=1)[0].info.run_id
     return {
         "recipe": loaded.recipe.name,
         "workdir": str(workdir),
         "tracking_uri": tracker.uri,
         "experiment": tracker.experiment,
-        "prefect_flow_run_id": str(state.state_details.flow_run_id),
+        "mlflow_run_id": parent,
+        "mlflow_run_url": tracker.ui_url(parent),
+        "prefect_flow_run_id": flow_run_id,
         "runtime": runtime.model_dump(),
         "stages": [row | r.model_dump(exclude={"summary"}) for row, r in zip(closing_rows(results), results)],
     }

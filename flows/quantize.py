@@ -216,4 +216,5 @@ def _check_drop(max_drop: float | None, report: dict) -> None:
                                f"the export is in {report['export']}, its report in MLflow")
 
 
-STAGE_ENTRY = Stage(name=STAGE, flow=quantize_flow, select=select, start="handed_on")
+STAGE_ENTRY = Stage(name=STAGE, flow=quantize_flow, select=select, start="handed_on",
+                    reads=lambda block: ("pretrain",))  # its prepared data, when it ran: calibration text

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -73,6 +73,16 @@ class Upstream(BaseModel):
     def last(self) -> StageResult | None:
         return self.results[-1] if self.results else None
 
+    def read_by(self, entry: "Stage", block: BaseModel | None) -> "Upstream":
+        """Only the results `entry` reads: the one handed on (unless it starts from nothing and needs
+        nothing), those of `entry.needs` and of `entry.reads(block)`. Prefect draws an edge in the flow-run
+        graph from every earlier result a stage is given, so the graph then reads as the recipe's chain."""
+        if not self.results:
+            return self
+        wanted = {*entry.needs, *(entry.reads(block) if entry.reads and block is not None else ())}
+        last = self.results[-1] if (entry.start == "handed_on" or entry.needs) else None
+        return Upstream(results=[r for r in self.results if r.stage in wanted or r is last])
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -89,6 +99,9 @@ class Stage:
     """handed_on: starts from the checkpoint the previous stage handed on, else `model.from`."""
     lm_curve: bool = False
     """Its train/lm_loss is drawn on the pipeline report's one token axis (a language-model stage)."""
+    reads: Callable[[Any], tuple[str, ...]] | None = None
+    """block -> the earlier stages it reads beyond the one handed on and `needs`, when present
+    (distillation's student and teacher stages; quantization's pretraining data)."""
 
 
 @contextmanager

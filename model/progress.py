@@ -15,21 +15,21 @@ class TrainProgress:
     """Context manager; `update(step, tokens, loss, tok_s)` after each optimizer step."""
 
     def __init__(self, enabled: bool, total_steps: int, start_step: int, stage: str) -> None:
-        self.enabled = enabled
+        self.enabled = enabled and total_steps > start_step  # no bar for a phase with nothing left to train
         self._bar = None
-        if enabled:
+        if self.enabled:
             self._bar = Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[tokens]:,} tok"),
-                TextColumn("loss {task.fields[loss]:.4f}"),
+                TextColumn("loss {task.fields[loss]}"),
                 TextColumn("{task.fields[tok_s]:,.0f} tok/s"),
                 TimeElapsedColumn(),
                 console=Console(stderr=True),
             )
             self._task = self._bar.add_task(
-                stage, total=total_steps, completed=start_step, tokens=0, loss=float("nan"), tok_s=0.0
+                stage, total=total_steps, completed=start_step, tokens=0, loss="-", tok_s=0.0
             )
 
     def __enter__(self) -> "TrainProgress":
@@ -43,4 +43,4 @@ class TrainProgress:
 
     def update(self, step: int, tokens: int, loss: float, tok_s: float) -> None:
         if self._bar is not None:
-            self._bar.update(self._task, completed=step, tokens=tokens, loss=loss, tok_s=tok_s)
+            self._bar.update(self._task, completed=step, tokens=tokens, loss=f"{loss:.4f}", tok_s=tok_s)

@@ -56,6 +56,8 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 """The MLflow UI's "machine learning" (model training) workflow; `genai_development` is the other."""
 SPOOL_DIR = ".mlflow-spool"
+LOCAL_UI = "http://127.0.0.1:5000"
+"""Where `mlflow ui` serves a file or SQLite store by default."""
 _BATCH = 900
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _LOCK = threading.RLock()
@@ -155,6 +157,18 @@ class Tracker:
         if EXPERIMENT_KIND_TAG not in exp.tags:
             client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
+
+    def ui_url(self, run_id: str) -> str:
+        """The run's page in the MLflow UI: on the server itself when the store is one (http[s]://), else on
+        `mlflow ui --backend-store-uri <uri>` at its default address. A run's own page: opened bare, the
+        MLflow 3 UI lands in its GenAI view, and a person has to find "Model training" and the run."""
+        base = LOCAL_UI
+        if self.uri.startswith(("http://", "https://")):  # never a password of the URI in a link
+            from urllib.parse import urlsplit, urlunsplit
+
+            parts = urlsplit(self.uri)
+            base = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
+        return f"{base}/#/experiments/{self.experiment_id()}/runs/{run_id}"
 
     def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
         """Open a run (nested under `parent_run_id` when given) and return its id."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
+import os
 import pickle
 import signal
 import threading
@@ -87,6 +88,10 @@ def _serve(conn: Connection, threads: int) -> None:
     # Ctrl-C reaches the whole process group: the caller decides when its worker stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
+    stderr_file = os.environ.get("STAGEWISE_WORKER_STDERR")  # cli/run_log.py: a quiet run's log file
+    if stderr_file:
+        with open(stderr_file, "ab") as f:
+            os.dup2(f.fileno(), 2)
     try:
         from transformers.utils import logging as hf_logging
 

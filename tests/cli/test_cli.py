@@ -58,7 +58,7 @@ def fake_pipeline(monkeypatch):
     calls = []
     module = types.ModuleType("stagewise.flows.pipeline")
 
-    def run_pipeline(loaded, stages=None, resume=False):
+    def run_pipeline(loaded, stages=None, resume=False, on_start=None):
         calls.append((loaded, stages, resume))
         print("progress chatter from the libraries")
         if loaded.recipe.seed == 666:
@@ -66,7 +66,8 @@ def fake_pipeline(monkeypatch):
         row = {"stage": "pretrain", "metric": "eval/validation/loss", "before": 8.3, "after": 3.0,
                "higher_is_better": False, "tokens": 8192, "seconds": 12.5, "run_id": "abc123", "checkpoint": "/w/ckpt"}
         return {"recipe": loaded.recipe.name, "workdir": "/w", "tracking_uri": "sqlite:////w/mlflow.db",
-                "experiment": loaded.recipe.name, "runtime": {"device": "cpu", "precision": "fp32"}, "stages": [row]}
+                "experiment": loaded.recipe.name, "runtime": {"device": "cpu", "precision": "fp32"}, "stages": [row],
+                "mlflow_run_id": "f" * 32, "mlflow_run_url": f"http://127.0.0.1:5000/#/experiments/1/runs/{'f' * 32}"}
 
     module.run_pipeline = run_pipeline
     monkeypatch.setitem(sys.modules, "stagewise.flows.pipeline", module)
@@ -159,6 +160,9 @@ def test_run_ends_with_the_closing_table(fake_pipeline, tmp_path):
     assert result.exit_code == 0, result.output
     row = next(line for line in result.stdout.splitlines() if line.startswith("pretrain"))
     assert "eval/validation/loss" in row and "8.3 -> 3  (better)" in row and "8,192" in row and "abc123" in row
+    # the parent run's own page (opened bare, MLflow's UI lands in its GenAI view), and how to serve it
+    assert f"The pipeline's MLflow run: http://127.0.0.1:5000/#/experiments/1/runs/{'f' * 32}" in result.stdout
+    assert "(after `mlflow ui --backend-store-uri sqlite:////w/mlflow.db`)" in result.stdout
 
 
 def test_asking_for_cuda_on_a_cpu_machine_exits_2_naming_the_field(tmp_path, monkeypatch):

@@ -98,10 +98,11 @@ def pipeline(monkeypatch):
     calls = []
     module = types.ModuleType("stagewise.flows.pipeline")
 
-    def run_pipeline(loaded, stages=None, resume=False):
+    def run_pipeline(loaded, stages=None, resume=False, on_start=None):
         calls.append(stages)
         return {"recipe": loaded.recipe.name, "workdir": "/w", "tracking_uri": "sqlite:////w/m.db",
-                "experiment": "e", "runtime": {"device": "cpu", "precision": "fp32"}, "stages": []}
+                "experiment": "e", "runtime": {"device": "cpu", "precision": "fp32"}, "stages": [],
+                "mlflow_run_url": "http://127.0.0.1:5000/#/experiments/1/runs/0"}
 
     module.run_pipeline = run_pipeline
     monkeypatch.setitem(sys.modules, "stagewise.flows.pipeline", module)

@@ -60,10 +60,11 @@ def fake_pipeline(monkeypatch):
     calls = []
     module = types.ModuleType("stagewise.flows.pipeline")
 
-    def run_pipeline(loaded, stages=None, resume=False):
+    def run_pipeline(loaded, stages=None, resume=False, on_start=None):
         calls.append(loaded)
         return {"recipe": loaded.recipe.name, "workdir": str(loaded.recipe.workdir), "tracking_uri": "sqlite:////w/mlflow.db",
-                "experiment": loaded.recipe.name, "runtime": {"device": "cpu", "precision": "fp32"}, "stages": []}
+                "experiment": loaded.recipe.name, "runtime": {"device": "cpu", "precision": "fp32"}, "stages": [],
+                "mlflow_run_url": "http://127.0.0.1:5000/#/experiments/1/runs/0"}
 
     module.run_pipeline = run_pipeline
     monkeypatch.setitem(sys.modules, "stagewise.flows.pipeline", module)

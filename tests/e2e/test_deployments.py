@@ -217,14 +217,14 @@ def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served
             return await client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
 
-    async def artifacts() -> list:
+    async def artifacts(ids: list) -> list:
         async with get_client() as client:
-            return await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            return await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
 
-    table = [a for a in asyncio.run(artifacts()) if a.key == "stagewise-closing-table"]
-    assert len(table) == 1 and "pretrain" in table[0].data and "merge" in table[0].data  # on the run's page
     pipeline = [f for f in asyncio.run(subflows()) if f.state.is_completed()]
     assert pipeline, "no completed pipeline subflow under the deployment's flow run"
+    table = [a for a in asyncio.run(artifacts([run.id, *(f.id for f in pipeline)])) if a.key == "stagewise-closing-table"]
+    assert len(table) == 1 and "pretrain" in table[0].data and "merge" in table[0].data  # on the pipeline run's page
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tiny")
     runs = client.search_runs([experiment.experiment_id])

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.prefect_reads import from_prefect, stage_edges
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = 400_000  # enough to beat the unigram baseline clearly, short enough for CI
 
@@ -35,36 +37,17 @@ def _command(workdir: Path, stages: str) -> list[str]:
 
 
 def _run(cmd: list[str]) -> dict:
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, CI="1"), timeout=1500)
+    """The run's --json summary, with what its terminal showed under "stderr" (a key of this test's)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_VERBOSITY"}  # as a user's shell has it
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(env, CI="1"), timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    return {**json.loads(proc.stdout[proc.stdout.index("{"):]), "stderr": proc.stderr}
 
 
 @pytest.fixture(scope="module")
 def pipeline_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tiny")
     return workdir, _run(_command(workdir, "pretrain,merge,long_context"))
-
-
-def _from_prefect(flow_run_id: str, what: str) -> list:
-    """The task runs (`what="tasks"`) or log lines (`what="logs"`) of a pipeline flow run and its
-    stage subflows, read through the Prefect API as the UI reads them."""
-    import asyncio
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId, LogFilter,
-                                                LogFilterFlowRunId)
-
-    async def read() -> list:
-        async with get_client() as client:
-            children = await client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
-            ids = [flow_run_id, *(str(f.id) for f in children)]
-            if what == "tasks":
-                return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
-            return await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
-
-    return asyncio.run(read())
 
 
 @pytest.mark.slow
@@ -88,7 +71,7 @@ def test_a_rerun_trains_nothing_and_prefect_reports_the_steps_cached(pipeline_ru
         assert stage["reused"]
     assert again["stages"][1]["metrics"] == first["stages"][1]["metrics"]
     assert [(s["before"], s["after"]) for s in again["stages"]] == [(s["before"], s["after"]) for s in first["stages"]]
-    runs = _from_prefect(again["prefect_flow_run_id"], "tasks")
+    runs = from_prefect(again["prefect_flow_run_id"], "tasks")
     names = [r.name.rsplit("-", 1)[0] for r in runs]
     assert "train" not in names and "validation-loss" not in names and "needle-eval" not in names, names
     reused = [r for r in runs if r.name.startswith("reuse-step")]
@@ -106,11 +89,47 @@ PROGRESS = re.compile(r"\d+%\||it/s\]|━━|Running (generate_until|loglikeliho
 def test_the_flow_logs_hold_what_a_person_reads_and_no_progress_bars(pipeline_run):
     """Read through the Prefect API: each stage says it started, what it handed on; no bar, no library dump."""
     _, summary = pipeline_run
-    messages = [log.message for log in _from_prefect(summary["prefect_flow_run_id"], "logs")]
+    messages = [log.message for log in from_prefect(summary["prefect_flow_run_id"], "logs")]
     assert not [m for m in messages if PROGRESS.search(m)], [m for m in messages if PROGRESS.search(m)][:5]
     for stage in ("pretrain", "merge", "long_context"):
         assert any(m.startswith(f"{stage}: starting on cpu/fp32") for m in messages), stage
         assert any(m.startswith(f"{stage}: hands on ") for m in messages), stage
+
+
+@pytest.mark.slow
+def test_the_terminal_is_quiet_and_the_log_file_keeps_the_rest(pipeline_run):
+    """Our lines and bars on the terminal; Prefect's lifecycle lines, library warnings and library bars
+    only in <workdir>/logs/ (where every line of ours is too)."""
+    workdir, summary = pipeline_run
+    terminal = summary["stderr"]
+    for noise in ("Finished in state", "Beginning flow run", "falling back to its reference", "Loading weights",
+                  "Starting temporary server", "FutureWarning", "UserWarning", "loss nan"):
+        assert noise not in terminal, (noise, terminal[-3000:])
+    assert "pretrain: hands on " in terminal and "long_context: hands on " in terminal
+    log = Path(summary["log_file"])
+    assert log.parent == workdir.resolve() / "logs"
+    kept = log.read_text()
+    assert "Finished in state Completed()" in kept and "falling back to its reference" in kept
+    assert "pretrain: hands on " in kept
+
+
+@pytest.mark.slow
+def test_the_prefect_run_pages_tell_the_story(pipeline_run):
+    """The pipeline's flow run carries the closing table and the link to its MLflow run, each stage's
+    its row; the graph's edges are what each stage reads (merge: pretraining; long context: pretraining,
+    and the merge that handed it on)."""
+    _, summary = pipeline_run
+    arts = {a.key: a for a in from_prefect(summary["prefect_flow_run_id"], "artifacts")}
+    assert {"stagewise-closing-table", "stagewise-mlflow-run", "stagewise-stage-pretrain", "stagewise-stage-merge",
+            "stagewise-stage-long-context"} <= set(arts)
+    assert str(arts["stagewise-closing-table"].flow_run_id) == summary["prefect_flow_run_id"]
+    assert summary["mlflow_run_url"] in arts["stagewise-mlflow-run"].data
+    assert summary["mlflow_run_url"].endswith(f"/runs/{summary['mlflow_run_id']}")
+    for stage in summary["stages"]:
+        row = arts[f"stagewise-stage-{stage['stage'].replace('_', '-')}"]
+        assert str(row.flow_run_id) != summary["prefect_flow_run_id"] and stage["run_id"] in row.data
+    assert stage_edges(summary["prefect_flow_run_id"]) == {
+        "pretrain": set(), "merge": {"pretrain"}, "long_context": {"pretrain", "merge"}}
 
 
 @pytest.mark.slow

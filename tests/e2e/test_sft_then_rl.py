@@ -47,6 +47,10 @@ def test_sft_hands_its_checkpoint_to_rl(rl_run, cli):
     assert meta["stage"] == "rl" and meta["step"] == steps and meta["parent"]
     version = client.get_model_version_by_alias(summary["experiment"], "rl")
     assert Path(version.tags["stagewise.checkpoint"]) == Path(result["checkpoint"]).resolve()
+    from tests.e2e.prefect_reads import stage_edges
+
+    # the Prefect graph draws what each stage reads: RL the checkpoint SFT handed on, not pretraining's
+    assert stage_edges(summary["prefect_flow_run_id"]) == {"pretrain": set(), "sft": {"pretrain"}, "rl": {"sft"}}
 
 
 @pytest.mark.slow

@@ -68,6 +68,10 @@ def test_each_teacher_is_its_checkpoint_and_the_trained_one_starts_where_the_stu
         assert [s for s, _ in _history(client, round1, name)] == list(range(1, steps + 1)), name
     version = client.get_model_version_by_alias(summary["experiment"], "distill")
     assert version.tags["stagewise.checkpoint"].endswith(f"step-{steps:08d}")
+    from tests.e2e.prefect_reads import stage_edges
+
+    # distillation reads its student (SFT) and its stage teacher (RL): the graph's edges, not pretraining
+    assert stage_edges(summary["prefect_flow_run_id"])["distill"] == {"sft", "rl"}
 
 
 @pytest.mark.slow

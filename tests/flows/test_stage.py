@@ -23,6 +23,26 @@ def _ckpt(root: Path, step: int, tokens: int) -> Path:
     return d
 
 
+def test_each_stage_is_given_only_the_results_it_reads():
+    from stagewise.flows.registry import registered
+
+    done = {n: StageResult(stage=n, checkpoint=f"/ck/{n}", run_id=n) for n in ("pretrain", "merge", "sft", "rl")}
+    up = Upstream(results=list(done.values()))
+    given = lambda name, block=None: [r.stage for r in up.read_by(registered(name), block).results]  # noqa: E731
+    assert given("rl") == ["rl"]  # the one handed on (here the last RL; a second would read it)
+    assert [r.stage for r in Upstream(results=[done["pretrain"], done["sft"]]).read_by(registered("rl"), None).results] \
+        == ["sft"]
+    assert given("merge") == ["pretrain", "rl"]  # what it needs, and the one handed on
+    assert given("pretrain") == []
+    from stagewise.recipe import load_recipe
+    from stagewise.flows.distill import select as distill_block
+    from stagewise.flows.quantize import select as quantize_block
+
+    recipe = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml").recipe  # student sft, teacher rl
+    assert given("distill", distill_block(recipe)) == ["sft", "rl"]
+    assert given("quantize", quantize_block(recipe)) == ["pretrain", "rl"]
+
+
 def test_upstream_finds_a_stage_and_the_last_one():
     pre = StageResult(stage="pretrain", checkpoint="/ck/pre", run_id="r")
     merged = StageResult(stage="merge", checkpoint="/ck/merged", run_id="m")

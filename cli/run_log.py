@@ -1,0 +1,92 @@
+"""What a training run prints, and the log file that keeps everything else.
+
+A run's terminal is for its user: our progress bars, the lines our stages log (a few per stage),
+and every error. Left to themselves the libraries fill it: Prefect's lifecycle line for every
+task run ("Beginning flow run", "Finished in state Completed()"), transformers' kernel fall-back
+warnings, FutureWarnings and UserWarnings, weight-loading, lm-eval and modelopt progress bars.
+So unless `--verbose`, the terminal keeps
+
+    every record at ERROR or above, whoever logs it;
+    records of our code (the `stagewise` loggers, and the Prefect run loggers when our code is the
+    caller: `tasks.policy.run_logger`) at INFO and above;
+    Prefect's own records at WARNING and above;
+
+and drops library progress bars (tqdm, which they all use; ours are rich). Nothing is lost:
+every record, shown or not, library warnings included (`warnings` is routed through logging),
+goes to `<workdir>/logs/<UTC time>-<pid>.log`, and the Prefect UI still has every run line. A
+rollout worker process (model/rollout/process.py) writes its stderr to the same file
+(WORKER_STDERR_ENV), unless `--verbose`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+WORKER_STDERR_ENV = "STAGEWISE_WORKER_STDERR"
+"""A file a worker process appends its stderr to (read by model/rollout/process.py)."""
+
+
+class TerminalFilter(logging.Filter):
+    """The rule of the module docstring, on a terminal handler."""
+
+    def __init__(self) -> None:
+        import prefect
+
+        super().__init__()
+        self.prefect_dir = str(Path(prefect.__file__).parent) + os.sep
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        if record.name == "stagewise" or record.name.startswith("stagewise."):
+            return record.levelno >= logging.INFO
+        if record.name.startswith("prefect"):
+            ours = not record.pathname.startswith(self.prefect_dir)
+            run_line = record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
+            return record.levelno >= logging.WARNING or (run_line and ours and record.levelno >= logging.INFO)
+        return False
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """Unless `verbose`, switch library progress bars off for this process and the ones it starts.
+
+    Call before anything imports tqdm (torch, transformers and Prefect do): tqdm reads TQDM_DISABLE
+    once, when it is first imported; subprocesses (rollout workers, engines) inherit it. Writes
+    nothing: a run refused before it starts leaves no trace in its workdir."""
+    if not verbose:
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def start_run_log(workdir: str | Path, verbose: bool) -> Path:
+    """Route every record to a new log file under `<workdir>/logs/` and, unless `verbose`, filter the
+    terminal by TerminalFilter. Returns the log file's path. Called once the run's input has passed
+    every check (flows/pipeline.py's `on_start`), after `quiet_libraries`."""
+    quiet_libraries(verbose)
+    import prefect.main  # noqa: F401 - Prefect configures logging here (its console on the root logger), and
+    # skips the root logger for good when one of ours is there first: ours come after
+    from transformers.utils import logging as hf_logging
+
+    logging.captureWarnings(True)  # warnings.warn -> the py.warnings logger: filtered, and in the file
+    hf_logging.disable_default_handler()  # transformers' own stderr handler: its records go to the root's
+    hf_logging.enable_propagation()
+    if not verbose:  # transformers' weight-loading bar asks tqdm for itself, past TQDM_DISABLE
+        hf_logging.disable_progress_bar()
+    logging.getLogger("stagewise").setLevel(logging.INFO)
+    logs = Path(workdir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
+    to_file = logging.FileHandler(path, encoding="utf-8")
+    to_file.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    if not verbose:
+        os.environ[WORKER_STDERR_ENV] = str(path)
+        for handler in root.handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.addFilter(TerminalFilter())
+    root.addHandler(to_file)
+    return path
