@@ -14,15 +14,39 @@ whose every draw lacks signal trains on its last draw with zero advantages (`rl/
 step s+1's rollouts start in a background thread from a copy of the weights *before* step s
 trains, so sampling overlaps training and the batch a step trains on is at most one update
 old. The staleness is corrected by the objective's masked importance weight π_θ/π_rollout
-(detached; tokens outside [0.5, 5] masked), or, with `recompute_old_logprobs`, by the ratio
-ρ = π_θ/π_old against trainer-style log-probabilities under the sampling weights (clipped),
-leaving the IS weight only the sampler-vs-trainer numerics. In the synchronous mode a step's
-rollouts come from its own starting weights.
+(detached; tokens outside [is_low, is_high] masked), or, with `recompute_old_logprobs`, by the
+ratio ρ = π_θ/π_old against trainer-style log-probabilities under the sampling weights
+(clipped), leaving the IS weight only the sampler-vs-trainer numerics. In the synchronous mode
+a step's rollouts come from its own starting weights.
+
+**π_old when a rollout batch is split** (`minibatches: k > 1`, k optimizer steps per batch):
+the objective's IS weight is w = exp(old − rollout) and its ratio ρ = exp(logp − old), so what
+`old_logprobs` holds decides what each corrects.
+  - Synchronous: when the batch is drawn, the policy holds exactly the weights that sampled it.
+    The first part needs no `old_logprobs`: its own training forward runs before its update, so
+    the objective's `old = logp.detach()` is π_old at the sampling weights, scored by the trainer.
+    The later parts (2..k) get theirs from a no-grad trainer forward (grpo.token_logprobs on the
+    policy, times the response mask) over each one's rows, when the batch is split, before any of
+    its updates: the cost is a no-grad forward over (k−1)/k of the batch's rows (at the policy's
+    own precision, outside the trainer's autocast: on a GPU with bf16 autocast that is the one
+    difference from the trainer's own forward). So w
+    compares the sampler's log-probs with the trainer's at the same weights (the numerics:
+    `sampler_precision: bf16`, or vLLM's kernels) and ρ carries the staleness the earlier parts'
+    updates gave the later ones, clipped.
+  - Off-policy with `recompute_old_logprobs`: π_old is the generator's trainer-style forward under
+    the sampling weights, as above for every part.
+  - Off-policy without it: every part's `old_logprobs` is the sampler's own log-probs, so ρ is
+    clipped against the sampling policy but w = 1 exactly and masked IS masks nothing (the recipe
+    doctor warns: rule `masked-is-inert`).
+Without a split (k = 1) nothing is added: synchronous w is the numerics alone, off-policy w the
+staleness and the numerics together (or the numerics alone with `recompute_old_logprobs`).
 
 Everything a batch depends on is a function of (weights it was sampled with, step, seed):
 prompts come from `sampler.sample(step, attempt)`, tokens from a generator seeded per step.
-The pending off-policy batch is part of `state_dict()` (tensors as base64 safetensors), so a
-resumed run trains the very batches an uninterrupted one would (tests/model/test_rl_resume.py).
+The pending off-policy batch and the parts of a split batch not yet trained (with the
+`old_logprobs` computed when it was split) are part of `state_dict()` (tensors as base64
+safetensors), so a resumed run trains the very batches an uninterrupted one would
+(tests/model/test_rl_batches.py, test_resume_gives_the_same_weights).
 
 With a `plateau` rule and a `reprofile` callback, a stalled training reward triggers a new
 difficulty profile with the current policy (between two rollouts, while the generator is idle);
@@ -42,7 +66,7 @@ import hashlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 import torch
 from pydantic import Field, model_validator
@@ -51,7 +75,7 @@ from stagewise.config_base import StrictConfig
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from stagewise.model.objectives.grpo import RolloutBatch, leave_one_out
+from stagewise.model.objectives.grpo import RolloutBatch, leave_one_out, token_logprobs
 from stagewise.model.rollout import Generator, Rollout
 
 
@@ -89,14 +113,28 @@ class SamplingSettings(StrictConfig):
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; the trainer's log-probabilities use the same one."""
     off_policy: bool = True
-    """One-step off-policy rollouts (step s+1 sampled while step s trains); false: synchronous."""
+    """One-step off-policy rollouts (step s+1 sampled while step s trains); false: synchronous.
+    Synchronous, a rollout batch split into minibatches gets π_old from the trainer at the
+    sampling weights (a no-grad forward over the later parts' rows), so masked IS corrects the
+    sampler's numerics and ρ the later parts' staleness (module docstring)."""
     recompute_old_logprobs: bool = False
     """Off-policy only: recompute π_old with a trainer-style forward under the weights that
     sampled. The ratio ρ = π_θ/π_old then carries the one-step staleness (and is clipped) and
     the masked IS weight only the sampler-vs-trainer numerics. Off: no π_old, so ρ = 1 and the
-    IS weight π_θ/π_rollout (detached, masked outside its band) carries both. Worth the extra
-    forward when the sampler's numerics differ from the trainer's (vLLM); the HF backends'
-    log-probs match the trainer's to ~1e-4 and the forward costs ~40% of a rollout on a CPU."""
+    IS weight π_θ/π_rollout (detached, masked outside its band) carries both; with minibatches
+    > 1 every part's π_old is the sampler's own log-probs, so w = 1 and masked IS is inert (the
+    recipe doctor's `masked-is-inert`). Worth the extra forward when the sampler's numerics differ
+    from the trainer's (vLLM, `sampler_precision: bf16`); the HF backends' log-probs at the
+    trainer's precision match the trainer's to ~1e-4 and the forward costs ~40% of a rollout on a CPU."""
+    sampler_precision: Literal["trainer", "bf16"] = "trainer"
+    """The precision the hf / hf-process rollout backends sample in. trainer: a copy of the policy
+    as the trainer holds it (fp32 on a CPU), log-probs equal to the trainer's up to ~1e-4. bf16:
+    a bfloat16 copy, as a vLLM sampler on a GPU runs bf16 while the trainer keeps fp32: the
+    sampler's log-probs then differ from the trainer's by bf16's rounding, and the masked IS
+    weight w = π_trainer/π_sampler is what corrects it (tokens outside [is_low, is_high] get no
+    gradient). Log-probs still come back as float32; the generator's trainer-style forward
+    (`recompute_old_logprobs`) stays at the trainer's precision. The generator also scores the
+    difficulty profile and held-out pass@1, so those are sampled in bf16 too."""
 
     @model_validator(mode="after")
     def _recompute_needs_off_policy(self) -> "SamplingSettings":
@@ -122,9 +160,12 @@ class RolloutSettings(SamplingSettings):
     """How many extra draws a step may make to reach min_groups."""
     minibatches: int = Field(1, ge=1)
     """Optimizer steps per rollout batch: its rows are split into this many parts (shortest rows
-    first, padding cut), each one update (PPO-style reuse of the rollouts). The later parts are off-policy by the earlier
-    updates, so π_old is the sampling policy's log-probabilities (recomputed with
-    `recompute_old_logprobs`, else the sampler's own) and ρ = π_θ/π_old is clipped."""
+    first, padding cut), each one update (PPO-style reuse of the rollouts). The later parts are
+    off-policy by the earlier updates, so ρ = π_θ/π_old against the sampling weights is clipped.
+    π_old: synchronous, the trainer's log-probs at the sampling weights (the first part's own
+    forward; a no-grad forward over the later parts' rows when the batch is split); off-policy,
+    the generator's trainer-style forward with `recompute_old_logprobs`, else the sampler's own
+    log-probs (then w = 1: masked IS is inert)."""
 
     @model_validator(mode="after")
     def _parts_fit_a_group(self) -> "RolloutSettings":
@@ -220,12 +261,25 @@ class RolloutBatches:
         k = self.settings.optimizer_steps()
         if k == 1:
             return [batch]
-        if "old_logprobs" not in batch:  # the later parts are off-policy: ρ against the sampler's log-probs
+        synchronous = not self.settings.off_policy
+        if "old_logprobs" not in batch and not synchronous:
+            # off-policy without recompute_old_logprobs: ρ against the sampler's log-probs, w = 1 (inert)
             batch["old_logprobs"] = batch["rollout_logprobs"].clone()
         parts = batch.parts(k)
         for part in parts:
             part.metrics = dict(batch.metrics)
+        if synchronous:  # the policy holds the sampling weights now, before any of this batch's updates
+            for part in parts[1:]:  # the first part's own forward is π_old: it carries none
+                part["old_logprobs"] = self._trainer_logprobs(part)
         return parts
+
+    @torch.no_grad()
+    def _trainer_logprobs(self, part: RolloutBatch) -> torch.Tensor:
+        """The trainer's log π(target) of a part's rows under the policy's current weights (one
+        no-grad forward, as the objective computes them), zero outside the response."""
+        device = next(self.policy.parameters()).device
+        logp, _ = token_logprobs(self.policy, part["input_ids"].to(device), self.settings.temperature)
+        return logp.cpu() * part["response_mask"]
 
     def _maybe_reprofile(self, step: int) -> bool:
         """On a plateau, re-profile the prompts with the current policy (the caller's `reprofile`

@@ -7,7 +7,7 @@
     profile_task           pass rate of every training prompt under the starting policy (k samples),
                            written once into the stage directory (a resume reads it back)
     heldout_eval_task      pass@1 (mean verifier result over samples at the rollout temperature) and
-                           greedy accuracy per domain, logged under rl/heldout/
+                           greedy accuracy per domain, logged under rl/<split>/ (eval/splits.py)
     rl_train_task          the engine's Trainer with GRPOObjective over RolloutBatches
 
 Metric names: the objective's per-step values come out of the engine as `train/<name>`; the
@@ -194,8 +194,9 @@ class ScoresCache:
 
     An evaluation is a content-addressed step too: `<root>/heldout-<hash>/scores.json`, the hash over
     the weights' sha256, the prompts (ids, token ids, rows), samples, tokens, temperature, seed and
-    the generator kind. The same checkpoint scored the same way twice (RL's start and distillation's
-    student are both SFT's checkpoint) is scored once; the second asks and reads the file."""
+    the generator kind (and its precision when it samples in bf16: rollout.sampler_precision). The
+    same checkpoint scored the same way twice (RL's start and distillation's student are both SFT's
+    checkpoint) is scored once; the second asks and reads the file."""
 
     root: str
     weights: str
@@ -205,13 +206,16 @@ class ScoresCache:
                     wiring.rows[i].row.model_dump(mode="json")] for i in ids]
         spec = {"weights": self.weights, "prompts": prompts, "settings": settings,
                 "generator": type(generator).__name__, "version": RL_DATA_VERSION}
+        precision = getattr(generator, "precision", "trainer")  # a bf16 sampler scores other numbers
+        if precision != "trainer":
+            spec["precision"] = precision
         return Path(self.root) / f"heldout-{step_hash('heldout', spec)}" / "scores.json"
 
 
 @task(**once("rl-heldout"))
 def heldout_eval_task(generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
                       temperature: float, seed: int, tracker: Tracker, run_id: str, at: tuple[int, int],
-                      prefix: str = "rl/heldout", cache: ScoresCache | None = None) -> dict[str, float]:
+                      prefix: str = "rl/test", cache: ScoresCache | None = None) -> dict[str, float]:
     """pass@1 and greedy accuracy per domain on the held-out prompts, logged as `<prefix>/pass_at_1/<domain>`
     and `<prefix>/greedy/<domain>` at `at` = (step, tokens); read from `cache` when these weights were
     scored this way before."""

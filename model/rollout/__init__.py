@@ -15,7 +15,9 @@ Backends: `HFGenerator` (model/rollout/hf.py), in process, deterministic for a g
 own torch.Generator, so a background thread's sampling never touches the global RNG);
 `ProcessGenerator` (model/rollout/process.py), the same HFGenerator in a worker process, so
 one-step off-policy sampling overlaps training on a CPU instead of sharing the GIL (results
-identical to HFGenerator's for the same weights, seed and thread count); and
+identical to HFGenerator's for the same weights, seed and thread count); both sample at the
+trainer's precision or, with `precision="bf16"`, with a bfloat16 copy (recipe key
+`rollout.sampler_precision`); and
 `VLLMGenerator` (model/rollout/vllm.py, optional extra, lazily imported), a vLLM server started
 with TRL's weight-sync flags (its docstring shows how), reached through TRL's VLLMClient, for GPUs.
 """
@@ -60,8 +62,10 @@ class Generator(Protocol):
 
 
 def make_generator(backend: str, policy: torch.nn.Module, end_ids: list[int], pad_id: int, **options) -> Generator:
-    """The named backend: "hf" (in process), "hf-process" (HF in a worker process; options `threads`,
-    `batch_rows`) or "vllm" (a vLLM server started as model/rollout/vllm.py says; optional extra)."""
+    """The named backend: "hf" (in process; options `device`, `batch_rows`, `precision`), "hf-process"
+    (HF in a worker process; options `threads`, `batch_rows`, `precision`) or "vllm" (a vLLM server
+    started as model/rollout/vllm.py says; optional extra). `precision` "bf16" samples with a bfloat16
+    copy of the policy (a sampler whose numerics differ from the trainer's, as vLLM's bf16 do)."""
     if backend == "hf":
         from stagewise.model.rollout.hf import HFGenerator
 

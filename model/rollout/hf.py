@@ -10,11 +10,19 @@ give the same tokens, in any thread, before or after a resume.
 
 The generator keeps its own copy of the model (`sync_weights` loads into it), so the
 trainer may update the policy while a rollout is being sampled.
+
+`precision="bf16"` samples with a bfloat16 copy (`sync_weights` casts as it copies), the way a
+vLLM sampler on a GPU runs bf16 while the trainer keeps fp32: its log-probabilities then differ
+from the trainer's by bf16's rounding, which the GRPO objective's masked importance weight
+corrects. They still come back as float32 (softmax over the logits cast to float32). Its
+`token_logprobs` (π_old for `recompute_old_logprobs`) is trainer-style, so it runs on a second
+copy at the policy's own precision, as VLLMGenerator's `keep_copy` does.
 """
 
 from __future__ import annotations
 
 import copy
+from typing import Literal
 
 import torch
 
@@ -40,20 +48,29 @@ class HFGenerator:
     """In-process rollouts (see the module docstring)."""
 
     def __init__(self, policy: torch.nn.Module, end_ids: list[int], pad_id: int, batch_rows: int = 128,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", precision: Literal["trainer", "bf16"] = "trainer"):
+        if precision not in ("trainer", "bf16"):
+            raise ValueError(f"precision must be trainer or bf16, got {precision!r}")
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
         self.end_ids, self.pad_id, self.batch_rows = list(end_ids), pad_id, batch_rows
-        self.device = torch.device(device)
+        self.device, self.precision = torch.device(device), precision
         self.model.to(self.device)
+        # bf16: the sampling copy is cast, and a copy at the policy's precision scores token_logprobs
+        self.scorer = self.model
+        if precision == "bf16":
+            self.scorer = copy.deepcopy(self.model)
+            self.model.to(torch.bfloat16)
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state_dict, strict=True)
+        self.model.load_state_dict(state_dict, strict=True)  # copies, cast to the copy's dtype
+        if self.scorer is not self.model:
+            self.scorer.load_state_dict(state_dict, strict=True)
 
     @torch.no_grad()
     def token_logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         from stagewise.model.objectives.grpo import token_logprobs
 
-        return token_logprobs(self.model, input_ids.to(self.device), temperature)[0].cpu()
+        return token_logprobs(self.scorer, input_ids.to(self.device), temperature)[0].cpu()
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float,

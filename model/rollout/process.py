@@ -13,10 +13,10 @@ tokens/s. Here the worker process has its own interpreter (no shared GIL) and it
 thread count (`threads`), and the caller blocks in a pipe read, which releases the GIL.
 
 The worker holds an `HFGenerator` (model/rollout/hf.py) over a copy of the policy, so the
-results are exactly an in-process HFGenerator's with the same weights, seed and thread count
-(its sampler is a private seeded torch.Generator). Every call is one request and one reply
-over a multiprocessing Pipe: `sync_weights` too, so when it returns the worker has loaded
-the weights and the caller may change its tensors.
+results are exactly an in-process HFGenerator's with the same weights, seed, thread count and
+`precision` (its sampler is a private seeded torch.Generator; "bf16" casts the worker's copy).
+Every call is one request and one reply over a multiprocessing Pipe: `sync_weights` too, so
+when it returns the worker has loaded the weights and the caller may change its tensors.
 
 Messages are plain-pickled bytes (`send_bytes`), not `Connection.send`: with torch imported,
 multiprocessing's pickler would move every sent tensor into shared memory in place, the
@@ -46,7 +46,7 @@ import threading
 import traceback
 import weakref
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -97,9 +97,9 @@ def _serve(conn: Connection, threads: int) -> None:
 
         from stagewise.model.rollout.hf import HFGenerator
 
-        model_bytes, end_ids, pad_id, batch_rows, verbosity = pickle.loads(conn.recv_bytes())
+        model_bytes, end_ids, pad_id, batch_rows, verbosity, precision = pickle.loads(conn.recv_bytes())
         hf_logging.set_verbosity(verbosity)
-        generator = HFGenerator(pickle.loads(model_bytes), end_ids, pad_id, batch_rows=batch_rows)
+        generator = HFGenerator(pickle.loads(model_bytes), end_ids, pad_id, batch_rows=batch_rows, precision=precision)
         del model_bytes
         conn.send_bytes(_dumps(("ok", None)))
     except BaseException as exc:  # noqa: BLE001 - reported to the caller, which raises it
@@ -145,9 +145,11 @@ class ProcessGenerator:
     several threads are served one at a time."""
 
     def __init__(self, policy: torch.nn.Module, end_ids: list[int], pad_id: int, threads: int = 1,
-                 batch_rows: int = 128):
+                 batch_rows: int = 128, precision: Literal["trainer", "bf16"] = "trainer"):
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        if precision not in ("trainer", "bf16"):
+            raise ValueError(f"precision must be trainer or bf16, got {precision!r}")
         # a CPU copy (the caller's model may live on a GPU, and stays untouched)
         model_bytes = _dumps(copy.deepcopy(policy).cpu().eval().requires_grad_(False))
         from transformers.utils import logging as hf_logging
@@ -161,10 +163,10 @@ class ProcessGenerator:
         self._lock = threading.Lock()
         self._closed = False
         self._dead: str | None = None
-        self.threads = threads
+        self.threads, self.precision = threads, precision
         with self._lock:
-            self._request("start", (model_bytes, list(end_ids), pad_id, batch_rows, hf_logging.get_verbosity()),
-                          timeout=START_TIMEOUT_S)
+            self._request("start", (model_bytes, list(end_ids), pad_id, batch_rows, hf_logging.get_verbosity(),
+                                    precision), timeout=START_TIMEOUT_S)
 
     # ------------------------------------------------------------------ the Generator protocol
 

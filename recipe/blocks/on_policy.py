@@ -29,7 +29,8 @@ class OnPolicyStage(EngineChoice):
     domains: dict[str, float] | None = None
     """Share of each domain in every batch (default: equal over the sources' domains)."""
     rollout: SamplingSettings = Field(default_factory=SamplingSettings)
-    """Sampling: responses per prompt, length, temperature, one-step off-policy."""
+    """Sampling: responses per prompt, length, temperature, one-step off-policy, the sampler's
+    precision (sampler_precision: trainer, or bf16 for a sampler whose numerics differ)."""
     loss: GRPOConfig = Field(default_factory=GRPOConfig)
     """Clipping, masked importance sampling, KL (its temperature is the rollout's)."""
     optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-4, min_lr=1e-4, weight_decay=0.0))
@@ -66,6 +67,17 @@ class OnPolicyStage(EngineChoice):
         self.loss = self.loss.model_copy(update={"temperature": self.rollout.temperature})
         return self
 
+    @model_validator(mode="after")
+    def _sampler_precision_is_the_hf_backends(self) -> "OnPolicyStage":
+        """sampler_precision casts the hf / hf-process backends' copy of the policy; a vLLM server (and
+        NeMo RL's) samples in the dtype it was started with."""
+        if self.rollout.sampler_precision != "trainer" and (self.backend == "vllm" or self.engine != "torch"):
+            where = "backend vllm" if self.backend == "vllm" else f"engine {self.engine}"
+            raise ValueError(f"rollout.sampler_precision: {self.rollout.sampler_precision} applies to the hf and "
+                             f"hf-process backends on engine torch; with {where} the sampler's precision is its "
+                             "server's (set it there), so leave sampler_precision at trainer")
+        return self
+
     def samples_per_step(self) -> int:
         """Rows of one optimizer step: a rollout batch's samples over the steps it is trained as."""
         return max(1, self.prompts_per_step * self.rollout.group_size // self.rollout.optimizer_steps())
@@ -73,7 +85,12 @@ class OnPolicyStage(EngineChoice):
 
 def block_spec(stage: OnPolicyStage, exclude: set[str]) -> dict:
     """An RL or distill block as a step spec without `exclude`, keys as the recipe spells them;
-    `nemo_gym` only when given, so a step finished before the key existed keeps its hash (it
-    matters only to engine nemo_rl)."""
-    unset = {"nemo_gym"} if stage.nemo_gym is None else set()
-    return stage.model_dump(exclude=exclude | unset, by_alias=True)
+    `nemo_gym` only when given (it matters only to engine nemo_rl) and `rollout.sampler_precision`
+    only when not `trainer` (what every step sampled with before the key existed), so a step
+    finished before those keys existed keeps its hash."""
+    unset: dict = {k: True for k in exclude}
+    if stage.nemo_gym is None:
+        unset["nemo_gym"] = True
+    if stage.rollout.sampler_precision == "trainer" and "rollout" not in unset:
+        unset["rollout"] = {"sampler_precision": True}
+    return stage.model_dump(exclude=unset, by_alias=True)

@@ -47,6 +47,8 @@ REF_MOE = "Nemotron 3 Super SFT: one blend across every domain; MoE load balance
 REF_LONG = "Nemotron 3 Nano long-context phase: 512k sequences mixed with 4k (Super: 1M alternating with 4k)"
 REF_NORM = "Nemotron 3 Super SFT: token-level loss in stage 1, per-conversation (sample-level) loss in stage 2"
 REF_FILTER = "Nemotron 3 Nano RL: difficulty filter, prompts profiled and the always-solved dropped (docs/ALGORITHMS.md 6)"
+REF_MASKED_IS = ("masked importance sampling against the rollout/training mismatch (docs/ALGORITHMS.md 5); "
+                 "model/rl_batches.py: π_old of a split rollout batch")
 
 
 def _count(n: float) -> str:
@@ -248,3 +250,43 @@ def rl_filter(facts: Facts) -> Iterator[Finding]:
         what = "no difficulty filter" if f is None else "a difficulty filter that drops nothing"
         yield advise("warning", "stages.rl.filter", f"RL with {what}: prompts the policy always solves train nothing; "
                      "set filter: {samples: 8} (drop_solved: true)", None, REF_FILTER, "rl")
+
+
+def _inert_masked_is(block: Any) -> bool:
+    """One-step off-policy rollouts split into minibatches without recompute_old_logprobs: every part's
+    π_old is the sampler's own log-probs, so the IS weight exp(π_old − π_rollout) is exactly 1."""
+    ro = block.rollout
+    return ro.off_policy and ro.optimizer_steps() > 1 and not ro.recompute_old_logprobs
+
+
+def masked_is_inert(facts: Facts) -> Iterator[Finding]:
+    """RL rollouts one step off-policy and split into minibatches without recompute_old_logprobs
+    (stages.rl, and a distillation teacher trained from it): masked importance sampling is inert.
+
+    There every part's π_old is the sampler's own log-probs, so the IS weight w = π_old/π_rollout is
+    exactly 1 and no token is ever masked: neither the sampler-vs-trainer numerics nor the staleness
+    are corrected by it (only ρ's clip acts). Synchronous rollouts take π_old from the trainer at the
+    sampling weights; recompute_old_logprobs takes it from a trainer-style forward under them."""
+    from stagewise.recipe.blocks.distill import teacher_rl_block
+
+    r = facts.recipe
+    fix = ("π_old is the sampler's own log-probs, so w = 1 and masked IS masks nothing; set rollout.off_policy: "
+           "false (π_old from the trainer at the sampling weights) or rollout.recompute_old_logprobs: true")
+    rl = r.stages.rl
+    if rl is not None and rl.engine == "torch" and _inert_masked_is(rl):
+        k = rl.rollout.minibatches
+        yield advise("warning", "stages.rl.rollout", f"one-step off-policy rollouts in {k} minibatches without "
+                     f"recompute_old_logprobs: {fix}", k, REF_MASKED_IS, "rl")
+    d = r.stages.distill
+    for i, t in enumerate(d.teachers if d is not None else []):
+        if t.rl is None:
+            continue
+        try:
+            block = teacher_rl_block(t, r.stages.rl)
+        except ValueError:  # the schema refuses it at load; nothing to advise
+            continue
+        if block.engine == "torch" and _inert_masked_is(block):
+            yield advise("warning", f"stages.distill.teachers[{i}].rl", f"teacher {t.name!r} trains RL one step "
+                         f"off-policy in {block.rollout.minibatches} minibatches without recompute_old_logprobs: "
+                         f"{fix} (in stages.rl or this teacher's rl overrides)", block.rollout.minibatches,
+                         REF_MASKED_IS, "distill")

@@ -146,8 +146,15 @@ def test_a_rollout_batch_is_split_into_minibatch_steps(model_factory, off_policy
         full, _ = token_logprobs(model, whole["input_ids"][seen[:len(first["input_ids"])]], 1.0)
     mask = first["response_mask"].bool()
     assert torch.allclose(cut[mask], full[:, :cut.shape[1]][mask], atol=1e-5)
-    for part in (first, second):  # ratio against the sampling policy, so the second step's is clipped
-        assert torch.equal(part["old_logprobs"], part["rollout_logprobs"])
+    if off_policy:  # ratio against the sampler's log-probs, so the second step's is clipped (and w = 1)
+        for part in (first, second):
+            assert torch.equal(part["old_logprobs"], part["rollout_logprobs"])
+    else:  # the trainer's at the sampling weights: the first part's own forward, the second's computed
+        assert "old_logprobs" not in first
+        with torch.no_grad():
+            trainer, _ = token_logprobs(model, second["input_ids"], 1.0)
+        assert torch.allclose(second["old_logprobs"], trainer * second["response_mask"], atol=1e-6)
+    for part in (first, second):
         assert part.metrics["rl/reward/accuracy"] == whole.metrics["rl/reward/accuracy"]
     assert first.metrics == second.metrics  # the rollout's figures, on each of its steps
     batches.next_batch()
