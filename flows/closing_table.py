@@ -4,16 +4,26 @@ wall time and MLflow run id, so a person sees at a glance what each stage bought
 `stagewise run` and `stagewise demo` print it (cli/run.py); `--json` gives the same rows
 under "stages". The parent MLflow run keeps it as `reports/closing_table.{json,txt,png}` and
 the one-page report `reports/pipeline_report.{png,html}` (also under `<workdir>/reports/`): the
-rows as a chart, pretraining and long-context loss on one token axis, the gate decisions. A
-stage adds its row by returning a StageResult with a summary.
+rows as a chart, pretraining and long-context loss on one token axis (registry entries with
+`lm_curve`), each stage's training signal on its own axes (registry entries' `signals`: SFT's
+loss per sub-stage, RL's reward and masked-IS fraction, distillation's reverse KL per round),
+the gate decisions. A stage adds its row by returning a StageResult with a summary.
+
+Histories are read here, through the Tracker, from the run that trained each stage (a reused
+stage's `trained_in_run`: its own run re-logs only its final metrics), and handed to
+eval/report.py as plain data. A stage that did not run, or logged none of its signals, has no panel.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from stagewise.store.refs import StageResult
 from stagewise.store.tracking import Tracker
+
+if TYPE_CHECKING:
+    from stagewise.eval.report import SignalPanel
 
 COLUMNS = ("stage", "metric", "before", "after", "higher_is_better", "tokens", "seconds", "run_id")
 
@@ -34,20 +44,37 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
+HEADER = ["stage", "metric", "before -> after", "tokens", "time", "MLflow run"]
+
+
+def _cells(r: dict) -> list[str]:
+    """A row's cells, in HEADER's order: the change with its direction mark (good, bad, none) and note."""
+    change = f"{_num(r['before'])} -> {_num(r['after'])}"
+    if r["before"] is not None and r["after"] is not None and r["after"] != r["before"]:
+        up = r["after"] > r["before"]
+        change += "  (better)" if up == bool(r["higher_is_better"]) else "  (worse)"
+    if r.get("note"):
+        change += f"  [{r['note']}]"
+    seconds = "-" if r["seconds"] is None else f"{r['seconds']:.0f} s"
+    return [r["stage"] + (" (reused)" if r.get("reused") else ""), r["metric"] or "-", change,
+            f"{r['tokens']:,}", seconds, r["run_id"]]
+
+
+def markdown_table(rows: list[dict], run_url: Callable[[str], str]) -> str:
+    """The table in Markdown, for Prefect's artifact pages: it wraps in a narrow page (aligned text is
+    cut at its last column there), and each MLflow run id links to its run's page (`run_url`)."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|---|---|---|---:|---:|---|"]
+    for r in rows:
+        cells = [c.replace("|", "\\|") for c in _cells(r)]
+        cells[-1] = f"[{cells[-1]}]({run_url(r['run_id'])})"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render(rows: list[dict]) -> str:
     """The table as aligned text, with a direction mark on each change (good, bad, none)."""
-    header = ["stage", "metric", "before -> after", "tokens", "time", "MLflow run"]
-    lines = [header]
-    for r in rows:
-        change = f"{_num(r['before'])} -> {_num(r['after'])}"
-        if r["before"] is not None and r["after"] is not None and r["after"] != r["before"]:
-            up = r["after"] > r["before"]
-            change += "  (better)" if up == bool(r["higher_is_better"]) else "  (worse)"
-        if r.get("note"):
-            change += f"  [{r['note']}]"
-        seconds = "-" if r["seconds"] is None else f"{r['seconds']:.0f} s"
-        lines.append([r["stage"] + (" (reused)" if r.get("reused") else ""), r["metric"] or "-", change,
-                      f"{r['tokens']:,}", seconds, r["run_id"]])
+    header = HEADER
+    lines = [header, *(_cells(r) for r in rows)]
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
     out = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines]
     out.insert(1, "  ".join("-" * w for w in widths))
@@ -64,7 +91,8 @@ def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult],
     tracker.log_json(run_id, {"stages": rows}, "reports/closing_table.json")
     tracker.log_text(run_id, render(rows) + "\n", "reports/closing_table.txt")
     tracker.log_figure(run_id, stage_summary_plot(rows), "reports/closing_table.png")
-    for path in pipeline_report(rows, loss_curves(tracker, results), gate_decisions(results), Path(workdir) / "reports"):
+    for path in pipeline_report(rows, loss_curves(tracker, results), gate_decisions(results), Path(workdir) / "reports",
+                                training_signals(tracker, results)):
         tracker.log_artifact(run_id, path, "reports")
     return rows
 
@@ -81,6 +109,43 @@ def loss_curves(tracker: Tracker, results: list[StageResult]) -> dict[str, list[
             history = tracker.metric_histories(r.trained_in_run or r.run_id, ["train/lm_loss"]).get("train/lm_loss", [])
             curves[r.stage] = [(tokens, value) for _, tokens, value in history]
     return curves
+
+
+def training_signals(tracker: Tracker, results: list[StageResult]) -> list[SignalPanel]:
+    """One panel per `signals` entry of each stage's registry entry, in pipeline order: [(step, value)]
+    per metric from the run that trained the stage, or (`nested`) per run nested under it with the
+    stage's tag (SFT's `sft/<sub-stage>`, distillation's `distill/round-<r>`; its teachers' runs are
+    other stages), labelled by the run's name after `<stage>/`. Lines without points and panels
+    without lines are left out."""
+    from stagewise.eval.report import SignalPanel
+    from stagewise.flows.registry import REGISTRY
+
+    declared = {s.name: s.signals for s in REGISTRY if s.signals}
+    panels = []
+    for r in results:
+        if r.stage not in declared:
+            continue
+        trained_in = r.trained_in_run or r.run_id
+        nested = None
+        for signal in declared[r.stage]:
+            if signal.nested:
+                if nested is None:
+                    nested = [(run.name.removeprefix(f"{r.stage}/"), run.run_id)
+                              for run in tracker.nested_runs(trained_in) if run.stage == r.stage]
+                sources = nested
+            else:
+                sources = [("", trained_in)]
+            lines = {}
+            for label, source in sources:
+                histories = tracker.metric_histories(source, list(signal.metrics))
+                for metric in signal.metrics:
+                    points = [(step, value) for step, _, value in histories.get(metric, [])]
+                    if points:
+                        line = metric if not label else label if len(signal.metrics) == 1 else f"{label}: {metric}"
+                        lines[line] = points
+            if lines:
+                panels.append(SignalPanel(r.stage, signal.title, signal.metrics, lines))
+    return panels
 
 
 def gate_decisions(results: list[StageResult]) -> list[dict]:

@@ -85,6 +85,20 @@ class Upstream(BaseModel):
 
 
 @dataclass(frozen=True)
+class Signal:
+    """A panel of the pipeline report (eval/report.py): metrics a stage's training logs per step,
+    drawn on their own axes, one line per metric and run."""
+
+    title: str
+    """What the panel shows (e.g. `reward`); the report prefixes the stage's name."""
+    metrics: tuple[str, ...]
+    """MLflow metric names, each a line."""
+    nested: bool = False
+    """Read from each run nested under the stage's run with the stage's tag (SFT's sub-stages,
+    distillation's rounds), one line per run labelled by its name; else from the stage's own run."""
+
+
+@dataclass(frozen=True)
 class Stage:
     """A stage as the pipeline sees it (one entry of flows/registry.py)."""
 
@@ -99,6 +113,8 @@ class Stage:
     """handed_on: starts from the checkpoint the previous stage handed on, else `model.from`."""
     lm_curve: bool = False
     """Its train/lm_loss is drawn on the pipeline report's one token axis (a language-model stage)."""
+    signals: tuple[Signal, ...] = ()
+    """Its training signals, each drawn on its own axes of the pipeline report (per step)."""
     reads: Callable[[Any], tuple[str, ...]] | None = None
     """block -> the earlier stages it reads beyond the one handed on and `needs`, when present
     (distillation's student and teacher stages; quantization's pretraining data)."""

@@ -514,6 +514,22 @@ class Tracker:
         return [StageRun(r.info.run_id, r.info.run_name or "", stage, r.info.status, r.info.start_time or 0,
                          dict(r.data.tags)) for r in runs]
 
+    def nested_runs(self, run_id: str) -> list[StageRun]:
+        """The runs nested directly under `run_id` (tag `mlflow.parentRunId`), oldest first: SFT's
+        sub-stage runs under its stage run, distillation's rounds and teachers under its run."""
+        client = self.client()
+        experiment_id = client.get_run(run_id).info.experiment_id
+        runs, token = [], None
+        while True:
+            page = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'",
+                                      order_by=["attributes.start_time ASC"], max_results=1000, page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                break
+        return [StageRun(r.info.run_id, r.info.run_name or "", r.data.tags.get(STAGE_TAG, ""), r.info.status,
+                         r.info.start_time or 0, dict(r.data.tags)) for r in runs]
+
     def stages_in(self, experiment: str | None = None) -> list[str]:
         """The distinct `stagewise.stage` tags of an experiment's runs (for error messages)."""
         client = self.client()

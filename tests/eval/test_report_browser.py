@@ -15,7 +15,7 @@ import pytest
 from matplotlib import image
 
 from stagewise.eval.report import pipeline_report
-from tests.eval.test_report import CURVES, GATES, ROWS
+from tests.eval.test_report import CURVES, GATES, ROWS, SIGNALS
 
 
 def _chromium() -> str:
@@ -33,11 +33,13 @@ def _rows_with(mask: np.ndarray) -> np.ndarray:
 
 
 def test_the_html_report_renders_its_table_and_charts_in_chromium(tmp_path):
-    _png, html = pipeline_report(ROWS, CURVES, GATES, tmp_path)
+    _png, html = pipeline_report(ROWS, CURVES, GATES, tmp_path, SIGNALS)
     check_in_chromium(html, tmp_path / "screenshot.png")
     html_text = html.read_text()
     for row in ROWS:
         assert f">{row['stage']}<" in html_text
+    for panel in SIGNALS:  # the page says which training panels the chart holds
+        assert f"<li>{panel.stage}: {panel.title} (" in html_text
 
 
 def check_in_chromium(html, shot) -> None:
