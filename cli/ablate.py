@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from stagewise.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt
+from stagewise.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt, VerboseOpt
 from stagewise.cli.output import emit, guarded
 
 
@@ -33,6 +33,7 @@ def ablate_cmd(
     start: Optional[Path] = typer.Option(None, "--from", help="Checkpoint every variant starts from (default: model.from)."),
     force: bool = typer.Option(False, "--force", help="Run even when the recipe doctor finds errors in a variant."),
     overrides: list[str] = SetOpt,
+    verbose: bool = VerboseOpt,
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,
 ) -> None:
@@ -49,6 +50,9 @@ def ablate_cmd(
         --variant no_format:stages.sft.stages[0].blend.weights.format=0 \\
         --variant no_format:stages.sft.stages[1].blend.weights.format=0
     """
+    from stagewise.cli.run_log import quiet_libraries, start_run_log
+
+    quiet_libraries(verbose)  # before torch, transformers and Prefect are imported
     from stagewise.flows.ablate_plan import plan_ablation
 
     from stagewise.cli.run import doctor
@@ -58,7 +62,8 @@ def ablate_cmd(
         doctor(plan.loaded[v.name], [stage], force, f"variant {v.name}: ")
     from stagewise.flows.ablate import run_ablation
 
-    result = run_ablation(plan, parallel)
+    first = plan.loaded[plan.variants[0].name].recipe
+    result = run_ablation(plan, parallel, on_start=lambda: start_run_log(first.workdir, verbose))
 
     def text() -> None:
         from stagewise.eval.ablation import render_text

@@ -57,7 +57,7 @@ def quantize_cmd(
     keep_bf16: Optional[str] = typer.Option(None, "--keep-bf16", help="Comma-separated module patterns kept BF16 (default: lm_head and attention q/k/v)."),
     pin: list[str] = typer.Option([], "--pin", metavar="PATTERN=FORMAT", help="Fix matching operators to a format, e.g. --pin '*.mixer.experts=nvfp4' (repeatable)."),
     calib: Optional[Path] = typer.Option(None, "--calib", help="Calibration text: JSONL with a `text` field per line, or a text file (default: the recipe's validation text)."),
-    heldout: Optional[Path] = typer.Option(None, "--heldout", help="Held-out conversations (JSONL) scored BF16 vs quantized (default: the recipe's SFT world)."),
+    heldout: Optional[Path] = typer.Option(None, "--heldout", help="Held-out conversations (JSONL) scored BF16 vs quantized on their test half, split by prompt hash under the recipe's seed (default: the recipe's SFT world)."),
     heldout_limit: int = typer.Option(200, "--heldout-limit", min=1, help="Held-out conversations answered per model."),
     calib_batches: int = typer.Option(16, "--calib-batches", min=1, help="Calibration batches of 4 x 256 tokens."),
     score_batches: int = typer.Option(8, "--score-batches", min=1, help="Batches the sensitivity scores are estimated on."),
@@ -125,7 +125,7 @@ def _quantize(checkpoint: Path, out: Path, stage, loaded, calib: Optional[Path],
     base = str(Path(loaded.path).parent)
     root = data_root(block, Upstream(), r.workdir, r.seed, base, prepare=prepare_data_task.fn)
     held = heldout_path(block, r.workdir, r.seed, base, world=sft_world_task.fn)
-    batches, scoring = inputs_for(stage, str(checkpoint), root, str(calib) if calib else None, held, r.eval)
+    batches, scoring = inputs_for(stage, str(checkpoint), root, str(calib) if calib else None, held, r.eval, r.seed)
     with contextlib.redirect_stdout(sys.stderr):  # modelopt prints its progress; stdout is the report's
         return quantize_checkpoint.fn(str(checkpoint), stage, batches, scoring, str(out), device,
                                       export_meta(str(checkpoint), recipe_hash(r)))

@@ -149,7 +149,8 @@ class SFTDataConfig(StrictConfig):
     curate: CurateConfig = Field(default_factory=CurateConfig)
     """Curation thresholds (a source may override max_reject_rate)."""
     heldout: str | None = None
-    """Held-out conversations scored at every evaluation (loss, greedy answers); default
-    `@world/sft_eval.jsonl` when `world` is set, else none."""
+    """Held-out conversations (loss, greedy answers), split by prompt hash into dev and test
+    (eval/splits.py): gates read dev at their marks, the base and the final checkpoint are scored on
+    both, the closing table reports test. Default `@world/sft_eval.jsonl` when `world` is set, else none."""
     heldout_limit: int | None = Field(100, gt=0)
-    """At most this many held-out conversations answered per evaluation (None: all)."""
+    """At most this many held-out conversations answered per split and evaluation (None: all)."""

@@ -9,11 +9,14 @@ mamba-ssm, so it cannot share our CPU install. Nothing here imports them; the tr
 plain dicts, the launches plain commands. Prefect appears only in launch/task.py (a launch is
 one task) and the stage glue that calls it.
 
-The two names below are shared by the engines' recipe checks.
+The names below are shared by the engines' recipe checks.
 """
 
 LAUNCHED_GATE = ("a gate evaluates between chunks of our engine's training; {engine!r} trains the stage in one go: "
                   "drop the gate or use engine torch")
+LAUNCHED_SUBSTAGE_GATE = ("a gate that evaluates between chunks (eval_every_tokens below the sub-stage's tokens) needs our "
+                          "engine's training; {engine!r} trains the sub-stage in one go: evaluate at its end "
+                          "(eval_every_tokens >= tokens), drop the gate or use engine torch")
 
 PLACEHOLDER = "/placeholder"
 """Where the recipe check's translation pretends data and checkpoints are (none exist before the run)."""

@@ -3,10 +3,11 @@
 A stage result carries its scores after training, the scores of its starting model under
 `base/`, and before -> after deltas (`*_delta`). The comparison keeps the scores after
 training that are scores (counts such as `answered` or `supervised_tokens` are not) and ranks
-the variants on the stage's target metric, so "with vs without the tool-use domain" reads as
-one table: a row per metric, a column per variant, the best of each row marked.
+the variants on the stage's target metric on the dev split (flows/ablate.py hands only dev
+scores: choosing between variants is tuning, and test is for the report), so "with vs without the
+tool-use domain" reads as one table: a row per metric, a column per variant, the best of each row marked.
 
-    table = compare({"with": {...}, "without": {...}}, target="eval/sft_heldout/exact_match",
+    table = compare({"with": {...}, "without": {...}}, target="eval/sft_dev/exact_match",
                     higher_is_better=True)
     print(render_text(table))
 """

@@ -1,6 +1,7 @@
 """Benchmark gates: when a stage has trained enough, read off metric histories.
 
-A stage with a gate trains in chunks of `eval_every_tokens`, evaluates its `suite`, logs the
+A stage with a gate trains in chunks of `eval_every_tokens`, evaluates (its own evaluation, and
+the gate's `suite` when it names one), logs the
 numbers to MLflow, reads the histories back and calls `decide`. Because the decision is a
 pure function of the histories, the same rule can be re-checked later on any finished run
 (`first_hold`, `stagewise cutoffs`). No MLflow here: histories are plain data,
@@ -148,8 +149,10 @@ class GateConfig(GateRule):
 
     eval_every_tokens: int = Field(gt=0)
     """Train this many tokens between evaluations."""
-    suite: str
-    """The recipe's eval suite run at each evaluation (its metrics are logged as eval/<task>/<metric>)."""
+    suite: str | None = None
+    """The recipe's eval suite run at each evaluation besides the stage's own (validation loss in
+    pretraining, the held-out conversations' dev split in SFT); its metrics are logged as
+    eval/<task>/<metric>. None: the stage's own evaluation only."""
     on_budget_exhausted: Literal["continue", "fail"] = "continue"
     """When the stage's tokens run out and the rule never held: hand on the last checkpoint, or fail."""
     eval_limit: int | None = Field(40, gt=0)

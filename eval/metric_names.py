@@ -4,7 +4,7 @@
     heldout_metric_names(["arithmetic"])          # answered, exact_match, exact_match_arithmetic, ..., loss
 
 tasks/evaluate.py logs validation loss under VALIDATION_PREFIX and the held-out conversations
-under HELDOUT_PREFIX; eval/validation.py and eval/heldout.py compute the numbers. A gate may name
+of each split (eval/splits.py) under `heldout_prefix(split)`; eval/validation.py and eval/heldout.py compute the numbers. A gate may name
 any of them, so the recipe doctor (recipe/doctor/facts.py) reads the same names from here to tell
 a gate metric that no evaluation produces before any training starts. Suite tasks' names
 (`eval/<task>/<metric>`) are eval/harness.py's (`local_metric_names`).
@@ -20,10 +20,13 @@ VALIDATION_PREFIX = "eval/validation"
 """Where a stage logs validation_loss's numbers (tasks/evaluate.py validation_task)."""
 UNIGRAM_BASELINE = "unigram_baseline"
 """The prepared data's unigram cross-entropy, logged next to the validation loss: the floor to beat."""
-HELDOUT_TASK = "sft_heldout"
-"""The held-out conversations' task name: `eval/sft_heldout/<metric>`."""
-HELDOUT_PREFIX = f"{SUITE_PREFIX}/{HELDOUT_TASK}"
-"""Where a stage logs the held-out conversations' numbers (tasks/evaluate.py heldout_task)."""
+
+
+def heldout_prefix(split: str) -> str:
+    """Where a stage logs the held-out conversations' numbers of one split (tasks/evaluate.py
+    heldout_task): `eval/sft_dev/<metric>`, `eval/sft_test/<metric>`."""
+    return f"{SUITE_PREFIX}/sft_{split}"
+
 ANSWER_SCORES = ("exact_match", "format_match")
 """What eval/heldout.py heldout_answers scores, overall and per domain as `<score>_<domain>`."""
 
@@ -35,7 +38,7 @@ def validation_metric_names(sources: Iterable[str]) -> list[str]:
 
 
 def heldout_metric_names(domains: Iterable[str]) -> list[str]:
-    """Every name heldout_task logs under HELDOUT_PREFIX for conversations of these domains:
+    """Every name heldout_task logs under `heldout_prefix(split)` for conversations of these domains:
     heldout_answers' (answered, the scores, per domain) and heldout_loss's (loss, supervised tokens)."""
     domains = list(domains)
     per_domain = [f"{score}_{d}" for score in ANSWER_SCORES for d in domains]

@@ -1,7 +1,7 @@
 """Score any checkpoint on task rows: the RL stage's held-out scorer, for users (`stagewise eval --rows`).
 
 A team's question before (or instead of) an RL run is "how often does this checkpoint already
-solve my rows?". The answer here is the very number the RL stage logs as `rl/heldout/...`:
+solve my rows?". The answer here is the very number the RL stage logs for each split as `rl/<split>/...`:
 
     pass_at_1/<domain>   mean verifier result over `samples` responses per prompt at `temperature`
                          (each prompt weighs the same), and over all prompts as `all`

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 from prefect import flow, task
 from prefect.runtime import flow_run
@@ -30,6 +31,7 @@ from stagewise.flows.registry import registered
 from stagewise.flows.stage import StageContext, Upstream
 from stagewise.model.runtime import Runtime
 from stagewise.tasks.policy import once, run_logger
+from stagewise.eval.splits import is_test_metric
 from stagewise.store.refs import StageResult
 from stagewise.store.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker
 
@@ -74,19 +76,21 @@ def _run_variants(stage: str, recipes: dict[str, Recipe], contexts: dict[str, St
 
 
 def _report(tracker: Tracker, parent: str, stage: str, results: dict[str, StageResult]) -> dict:
-    """The comparison on the ablation's run: JSON, text and chart, and each variant's target metric."""
+    """The comparison on the ablation's run: JSON, text and chart, and each variant's target metric on
+    the dev split where the stage has one (an ablation is tuning: test is for the report only)."""
     from stagewise.eval.ablation import compare, render_text
     from stagewise.eval.plots import ablation_plot
 
     summary = next((r.summary for r in results.values() if r.summary is not None), None)
-    table = compare({n: r.metrics for n, r in results.items()}, summary.metric if summary else None,
-                    summary.higher_is_better if summary else None)
+    target = (summary.dev_metric or summary.metric) if summary else None
+    table = compare({n: {k: v for k, v in r.metrics.items() if not is_test_metric(k)} for n, r in results.items()},
+                    target, summary.higher_is_better if summary else None)
     tracker.log_json(parent, table, "reports/ablation.json")
     tracker.log_text(parent, render_text(table) + "\n", "reports/ablation.txt")
     tracker.log_figure(parent, ablation_plot(table, f"Ablation of {stage}"), "reports/ablation.png")
     if summary is not None:
-        tracker.log_metrics(parent, [(0, 0, {f"ablation/{n}/{summary.metric}": r.metrics[summary.metric]
-                                             for n, r in results.items() if summary.metric in r.metrics})])
+        tracker.log_metrics(parent, [(0, 0, {f"ablation/{n}/{target}": r.metrics[target]
+                                             for n, r in results.items() if target in r.metrics})])
     return table
 
 
@@ -114,18 +118,26 @@ def ablate_flow(stage: str, recipes: dict[str, Recipe], overrides: dict[str, lis
             "budget": budget, "start": start, "comparison": table,
             "variants": [{"name": n, "overrides": overrides[n], "run_id": r.run_id, "checkpoint": r.checkpoint,
                           "reused": r.reused, "seconds": r.summary.seconds if r.summary else None,
-                          "target": r.summary.metric if r.summary else None,
-                          "value": r.summary.after if r.summary else None} for n, r in results.items()]}
+                          "target": _target(r), "value": r.metrics.get(_target(r)) if _target(r) else None}
+                         for n, r in results.items()]}
 
 
-def run_ablation(plan, parallel: int = 1) -> dict:
-    """What `stagewise ablate` calls: the runtime checked first, then the flow with `parallel` workers."""
+def _target(result: StageResult) -> str | None:
+    """What an ablation compares a variant on: its stage's dev metric, else its target metric."""
+    return (result.summary.dev_metric or result.summary.metric) if result.summary else None
+
+
+def run_ablation(plan, parallel: int = 1, on_start: Callable[[], object] | None = None) -> dict:
+    """What `stagewise ablate` calls: the runtime checked first, then `on_start` (the CLI's run log), then
+    the flow with `parallel` workers."""
     from prefect.task_runners import ThreadPoolTaskRunner
 
     from stagewise.flows.pipeline import runtime_of
 
     first = plan.loaded[plan.variants[0].name]
     runtime = runtime_of(first)
+    if on_start is not None:
+        on_start()
     runner = ablate_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=parallel))
     state = runner(plan.stage, {v.name: plan.recipe(v.name) for v in plan.variants},
                    {v.name: list(v.overrides) for v in plan.variants}, str(first.path.parent.resolve()), runtime,

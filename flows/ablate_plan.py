@@ -70,9 +70,10 @@ def _steps(tokens: int, per_step: int, fraction: float) -> int:
 
 
 def _train_budget(at: str, stage, tokens_per_step: int, fraction: float) -> list[str]:
-    """A token-budgeted stage scaled: its tokens, warmup and checkpoint interval shrink together."""
+    """A token-budgeted stage scaled: its tokens, warmup and checkpoint interval shrink together, and its
+    gate is left out (its targets and marks are the whole budget's: a shortened run would miss them)."""
     tokens = _steps(stage.tokens, tokens_per_step, fraction)
-    out = [f"{at}.tokens={tokens}"]
+    out = [f"{at}.tokens={tokens}"] + ([f"{at}.gate=null"] if getattr(stage, "gate", None) is not None else [])
     if stage.schedule.warmup_tokens:
         out.append(f"{at}.schedule.warmup_tokens={min(int(stage.schedule.warmup_tokens * fraction), tokens // 2)}")
     if stage.checkpoint_every_tokens:

@@ -19,6 +19,7 @@ A relative recipe path is read from the directory `stagewise serve` was started 
 runner starts each flow run there).
 """
 
+from pathlib import Path
 from typing import Literal, Optional
 
 from prefect import flow
@@ -55,8 +56,9 @@ def run_recipe_flow(
     `overrides` are `--set` values, e.g. `stages.pretrain.tokens=491520`; `resume` continues each
     stage from its latest checkpoint; `force` runs even when the recipe doctor finds errors (as
     `stagewise run --force`: its errors fail the flow run before any work, its warnings are logged).
-    Returns the run's summary (the `stagewise run --json` document); the pipeline's flow run carries
-    the closing table and the MLflow link as artifacts, each stage's flow run its row (flows/pipeline.py).
+    Returns the run's summary (the `stagewise run --json` document); this flow run and the pipeline's
+    carry the closing table and the MLflow link as artifacts, each stage's flow run its row
+    (flows/pipeline.py).
     """
     from stagewise.recipe.doctor import diagnose, failing
     from stagewise.flows.pipeline import run_pipeline  # the stages (torch) load only once the input is good
@@ -79,6 +81,11 @@ def run_recipe_flow(
     logger.info("recipe %s (%s), stages %s, overrides %s, resume %s", loaded.path, loaded.recipe.name,
                 ",".join(chosen) if chosen else "all", list(overrides or []) or "none", resume)
     summary = run_pipeline(loaded, stages=chosen, resume=resume)
+    from stagewise.flows.pipeline import publish_closing_table, tracker_for
+
+    # the page the Run button opens is this flow run's, not the pipeline subflow's: the table there too
+    publish_closing_table(loaded.recipe.name, summary["stages"], tracker_for(loaded.recipe, Path(summary["workdir"])),
+                          summary["mlflow_run_id"], summary["workdir"])
     logger.info("done: workdir %s; MLflow %s (experiment %s)", summary["workdir"], summary["tracking_uri"], summary["experiment"])
     return summary
 

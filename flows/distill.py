@@ -12,9 +12,10 @@
       └─ held-out after         student pass@1, the share of each teacher's gain recovered, and the
                                 eval suite's retention
 
-MLflow: a run `distill` with `distill/heldout/student/pass_at_1/<domain>` (step 0 = the start,
-step r = after round r), `distill/heldout/teacher/pass_at_1/<domain>` (step r: round r's
-teachers), `distill/recovered/<domain>`, `distill/chat/...` and `distill/retained`; a nested
+MLflow: a run `distill` with `distill/<split>/student/pass_at_1/<domain>` for the dev and test
+splits of the held-out prompts (eval/splits.py; step 0 = the start, step r = after round r),
+`distill/test/teacher/pass_at_1/<domain>` (step r: round r's teachers, on test only: what the
+recovered share is computed on), `distill/recovered/<domain>`, `distill/chat/...` and `distill/retained`; a nested
 run per round with per-step `distill/reverse_kl/<domain>`, `distill/logprob_gap/<domain>`,
 `distill/train_accuracy/<domain>`, the clip and masked-IS fractions, tokens/s. Every round and
 every teacher is a content-addressed step: an unchanged recipe reuses them. The run's tags
@@ -39,14 +40,15 @@ from stagewise.flows.rl import (WORLD_ENTITIES, RLInputs, StageRows, backend_pro
                       steps_train_config)
 from stagewise.recipe.blocks.on_policy import block_spec
 from stagewise.recipe.blocks.rl import RLData, RLStage
-from stagewise.flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
-                         stage_run, start_checkpoint)
+from stagewise.flows.stage import (Signal, Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point,
+                         reused_result, stage_run, start_checkpoint)
 from stagewise.tasks.policy import run_logger
 from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
 from stagewise.store.steps import step_dir, value_of
 
 STAGE = "distill"
-TARGET = "distill/heldout/student/pass_at_1/all"
+TARGET = "distill/test/student/pass_at_1/all"
+DEV_TARGET = "distill/dev/student/pass_at_1/all"
 DISTILL_VERSION = 1
 """Bump when what the stage computes changes for the same recipe: finished steps then retrain."""
 
@@ -138,7 +140,7 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
         retention = evaluator.retention(start, ckpt.path, cfg.rounds)
         final = {**before, **teacher_scores, **recovered, **retention}
         summary = StageSummary(metric=TARGET, before=first.get(TARGET), after=before.get(TARGET),
-                               higher_is_better=True, tokens=ckpt.tokens_seen)
+                               higher_is_better=True, tokens=ckpt.tokens_seen, dev_metric=DEV_TARGET)
         result = StageResult(stage=STAGE, parent=start, checkpoint=ckpt.path, run_id=run_id,
                              metrics={**final, **{f"base/{k}": v for k, v in first.items()}}, stage_dir=str(out_dir),
                              summary=summary)
@@ -182,8 +184,8 @@ class _Evaluator:
 
         self.ctx, self.block, self.rows, self.run_id = ctx, block, rows, run_id
         domains = {r.domain for r in rows.train}
-        self.heldout = round_robin([r for r in rows.heldout if r.domain in domains], lambda r: r.domain,
-                                   block.data.heldout_limit)
+        self.heldout = {split: round_robin([r for r in held if r.domain in domains], lambda r: r.domain,
+                                           block.data.heldout_limit) for split, held in rows.split(ctx.seed).items()}
         self.tokenizer, self.wired = None, None
 
     def wiring(self, checkpoint: str):
@@ -195,7 +197,8 @@ class _Evaluator:
             from stagewise.tasks.rl import RLWiring
 
             self.tokenizer = install_chat_template(AutoTokenizer.from_pretrained(checkpoint))  # ours where none
-            self.wired = RLWiring(self.tokenizer, self.rows.train + self.heldout, _accuracy_only(),
+            self.wired = RLWiring(self.tokenizer, self.rows.train + [r for held in self.heldout.values() for r in held],
+                                  _accuracy_only(),
                                   self.block.stage.reasoning, self.block.reasoning_switch)
         return self.wired
 
@@ -219,15 +222,19 @@ class _Evaluator:
                                                                            checkpoint_hash(checkpoint))))
 
     def student(self, checkpoint: str, at: int) -> dict[str, float]:
-        return self._score(checkpoint, [r.id for r in self.heldout], "distill/heldout/student", at)
+        """The student on both splits: distill/dev/student/... and distill/test/student/..."""
+        out: dict[str, float] = {}
+        for split, held in self.heldout.items():
+            out |= self._score(checkpoint, [r.id for r in held], f"distill/{split}/student", at)
+        return out
 
     def teachers(self, teachers: dict[str, str], at: int) -> dict[str, float]:
-        """Each teacher on the held-out rows of its own domains."""
+        """Each teacher on the test rows of its own domains (what the student's recovered share is read on)."""
         out: dict[str, float] = {}
         for t in self.block.stage.teachers:
-            ids = [r.id for r in self.heldout if r.domain in t.domains]
+            ids = [r.id for r in self.heldout["test"] if r.domain in t.domains]
             scores = self._score(teachers[t.name], ids, f"distill/teacher/{t.name}", at)
-            out |= {f"distill/heldout/teacher/{k.split('/', 3)[3]}": v for k, v in scores.items()
+            out |= {f"distill/test/teacher/{k.split('/', 3)[3]}": v for k, v in scores.items()
                     if not k.endswith("/all")}
         if out:
             self.ctx.tracker.log_metrics(self.run_id, [(at, 0, out)])
@@ -268,12 +275,12 @@ def _accuracy_only():
 
 def _recovered(before: dict[str, float], after: dict[str, float], teachers: dict[str, float],
                cfg: DistillStage) -> dict[str, float]:
-    """Per domain, the share of its teacher's held-out pass@1 gain over the round's start that the
+    """Per domain, the share of its teacher's test pass@1 gain over the round's start that the
     student kept: (student after - before) / (teacher - before); no value where the teacher gained nothing."""
     out = {}
     for domain in cfg.routes():
-        key = f"distill/heldout/student/pass_at_1/{domain}"
-        teacher = teachers.get(f"distill/heldout/teacher/pass_at_1/{domain}")
+        key = f"distill/test/student/pass_at_1/{domain}"
+        teacher = teachers.get(f"distill/test/teacher/pass_at_1/{domain}")
         if key in before and key in after and teacher is not None:
             out[f"distill/teacher_gain/{domain}"] = teacher - before[key]
             if teacher - before[key] > 0:
@@ -334,7 +341,9 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
     routes = _routes(cfg, rows)
     policy = load_model(student, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    options = {"hf": {"device": device}, "hf-process": {"threads": cfg.worker_threads},
+    precision = cfg.rollout.sampler_precision  # hf backends: the sampling copy's (on_policy.py refuses bf16 on vllm)
+    options = {"hf": {"device": device, "precision": precision},
+               "hf-process": {"threads": cfg.worker_threads, "precision": precision},
                "vllm": {"url": cfg.vllm_url}}[cfg.backend]
     generator = make_generator(cfg.backend, policy, end_ids(tokenizer), pad_id, **options)
     urls = {t.name: t.url for t in cfg.teachers}
@@ -422,14 +431,14 @@ def _report(tracker, run_id: str, round_run_id: str, before: dict[str, float], a
     tracker.log_json(run_id, table, "reports/distill_before_after.json")
     tracker.log_figure(run_id, before_after_plot(before, after, "Distillation: held-out pass@1 and greedy accuracy"),
                        "reports/distill_before_after.png")
-    pass_at_1 = "distill/heldout/student/pass_at_1/"
+    pass_at_1 = "distill/test/student/pass_at_1/"
     per_domain = lambda m, prefix: {k.removeprefix(prefix): v for k, v in m.items()  # noqa: E731
                                     if k.startswith(prefix) and not k.endswith("/all")}
     kl = {d: [(s, v) for s, _, v in points] for d, points in
           ((n.removeprefix("distill/reverse_kl/"), p) for n, p in tracker.metric_histories(
               round_run_id, [f"distill/reverse_kl/{d}" for d in per_domain(before, pass_at_1)]).items())}
     tracker.log_figure(run_id, distill_plot(kl, per_domain(before, pass_at_1), per_domain(after, pass_at_1),
-                                            per_domain(teachers, "distill/heldout/teacher/pass_at_1/")),
+                                            per_domain(teachers, "distill/test/teacher/pass_at_1/")),
                        "reports/distill.png")
 
 
@@ -438,4 +447,5 @@ def _reads(block: DistillInputs) -> tuple[str, ...]:
     return tuple(n for n in (block.stage.student, *(t.stage for t in block.stage.teachers)) if n)
 
 
-STAGE_ENTRY = Stage(name=STAGE, flow=distill_flow, select=select, start="handed_on", reads=_reads)
+STAGE_ENTRY = Stage(name=STAGE, flow=distill_flow, select=select, start="handed_on", reads=_reads,
+                    signals=(Signal("reverse KL to the teachers per round", ("distill/reverse_kl",), nested=True),))

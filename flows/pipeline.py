@@ -26,7 +26,7 @@ import yaml
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from stagewise.flows.closing_table import closing_rows, log_closing_table, render
+from stagewise.flows.closing_table import closing_rows, log_closing_table, markdown_table
 from stagewise.recipe import LoadedRecipe, Recipe, RecipeError, flatten_recipe, recipe_hash, select_stages
 from stagewise.recipe.errors import cite_location, locate
 from stagewise.flows.registry import REGISTRY
@@ -79,7 +79,7 @@ def pipeline_flow(
             upstream = Upstream(results=[*upstream.results, result])
         tracker.log_json(parent, [r.model_dump() for r in upstream.results], "stage_results.json")
         log_closing_table(tracker, parent, upstream.results, workdir)
-        publish_closing_table(recipe.name, upstream.results, tracker, parent, workdir)
+        publish_closing_table(recipe.name, closing_rows(upstream.results), tracker, parent, workdir)
     return upstream.results
 
 
@@ -97,19 +97,19 @@ def publish_stage_row(result: StageResult, flow_run_id: str | None, tracker: Tra
 
     MarkdownArtifact(key=f"stagewise-stage-{result.stage.replace('_', '-')}", flow_run_id=flow_run_id,
                      description=f"{result.stage}: its closing-table row",
-                     markdown=f"```\n{render(closing_rows([result]))}\n```\n\n"
-                              f"[MLflow run {result.run_id}]({tracker.ui_url(result.run_id)})").create()
+                     markdown=markdown_table(closing_rows([result]), tracker.ui_url)).create()
 
 
-def publish_closing_table(name: str, results: list[StageResult], tracker: Tracker, parent: str, workdir: Path) -> None:
-    """The closing table, where the results are and a link to the pipeline's MLflow run, as artifacts on
-    the pipeline's flow run page (a CLI run, the demo and a deployment alike)."""
+def publish_closing_table(name: str, rows: list[dict], tracker: Tracker, parent: str, workdir: Path | str) -> None:
+    """The closing table (each MLflow run id a link), where the results are and a link to the pipeline's
+    MLflow run, as artifacts on the current flow run's page: the pipeline's (a CLI run, the demo and a
+    deployment alike), and a deployment's own run, the page its Run button opens (flows/deployed.py)."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
     url = tracker.ui_url(parent)
     create_markdown_artifact(
         key="stagewise-closing-table", description=f"{name}: one row per stage",
-        markdown=(f"```\n{render(closing_rows(results))}\n```\n\nWorkdir `{workdir}`; MLflow `{tracker.uri}` "
+        markdown=(f"{markdown_table(rows, tracker.ui_url)}\n\nWorkdir `{workdir}`; MLflow `{tracker.uri}` "
                   f"(experiment `{tracker.experiment}`): [the pipeline's run]({url})."))
     create_link_artifact(url, link_text=f"MLflow run {parent}", key="stagewise-mlflow-run",
                          description="the pipeline's parent run in the MLflow UI"

@@ -39,7 +39,7 @@ from stagewise.store.refs import StageResult, StageSummary
 from stagewise.store.steps import file_hash, step_dir, value_of
 
 STAGE = "quantize"
-TARGET = "quant/heldout/exact_match"
+TARGET = "quant/test/exact_match"
 WORLD_ENTITIES = 3000
 QUANT_VERSION = 1
 """Bump when what a plan or a score means changes: finished quantize steps then rerun."""
@@ -127,13 +127,13 @@ def quantize_flow(ctx: StageContext, block: QuantizeInputs, upstream: Upstream |
         reused = reused_result(ctx, STAGE, run_id, out_dir)
         if reused is not None:
             return reused
-        batches, scoring = inputs_for(stage, start_from, root, calib, heldout, block.suites)
+        batches, scoring = inputs_for(stage, start_from, root, calib, heldout, block.suites, ctx.seed)
         report = quantize_checkpoint(start_from, stage, batches, scoring, str(out_dir / "export"),
                                      ctx.runtime.device, export_meta(start_from, ctx.recipe_hash))
         logged = log_report(tracker, run_id, report)
         _check_drop(stage.max_drop, report)
-        summary = StageSummary(metric=TARGET, before=report["bf16"].get("heldout/exact_match"),
-                               after=report["quantized"].get("heldout/exact_match"), higher_is_better=True,
+        summary = StageSummary(metric=TARGET, before=report["bf16"].get("test/exact_match"),
+                               after=report["quantized"].get("test/exact_match"), higher_is_better=True,
                                note=f"{report['effective_bits']:.2f} effective bits")
         result = StageResult(stage=STAGE, checkpoint=report["export"], run_id=run_id, parent=start_from,
                              metrics={k.removeprefix("quant/"): v for k, v in logged.items()},
@@ -142,11 +142,14 @@ def quantize_flow(ctx: StageContext, block: QuantizeInputs, upstream: Upstream |
 
 
 def inputs_for(stage: QuantizeStage, start: str, root: str, calib: str | None, heldout: str | None,
-               suites: dict[str, list[str]]) -> tuple[list[dict], Scoring]:
-    """The calibration batches and what both models are scored on (the stage and the CLI alike)."""
+               suites: dict[str, list[str]], seed: int) -> tuple[list[dict], Scoring]:
+    """The calibration batches and what both models are scored on (the stage and the CLI alike): the
+    held-out conversations' test split under the recipe's `seed` (eval/splits.py)."""
     from transformers import AutoTokenizer
 
+    from stagewise.data.chat import prompt_key
     from stagewise.eval.heldout import read_conversations
+    from stagewise.eval.splits import split_rows
     from stagewise.quant.calibration import stream_batches, text_batches
 
     streams = validation_streams(root, start)
@@ -154,7 +157,8 @@ def inputs_for(stage: QuantizeStage, start: str, root: str, calib: str | None, h
     batches = (text_batches(calib, AutoTokenizer.from_pretrained(start), n, stage.batch_size, stage.seq_length)
                if calib else stream_batches(streams, n, stage.batch_size, stage.seq_length))
     scoring = Scoring(streams=streams, seq_length=stage.seq_length, val_tokens=stage.val_tokens,
-                      heldout=read_conversations(heldout) if heldout else [], heldout_limit=stage.heldout_limit,
+                      heldout=split_rows(read_conversations(heldout), prompt_key, seed)["test"] if heldout else [],
+                      heldout_limit=stage.heldout_limit,
                       suite=suites.get(stage.eval_suite, []) if stage.eval_suite else [], suite_limit=stage.eval_limit)
     return batches, scoring
 
@@ -210,7 +214,7 @@ class QuantizationDrop(RuntimeError):
 
 
 def _check_drop(max_drop: float | None, report: dict) -> None:
-    delta = report["deltas"].get("heldout/exact_match")
+    delta = report["deltas"].get("test/exact_match")
     if max_drop is not None and delta is not None and -delta > max_drop:
         raise QuantizationDrop(f"quantize: held-out exact match dropped by {-delta:.4f} (> max_drop {max_drop}); "
                                f"the export is in {report['export']}, its report in MLflow")

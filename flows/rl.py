@@ -12,8 +12,10 @@
 MLflow: one run `rl` with per-step `rl/reward/<component>`, `rl/train_accuracy/<domain>`,
 `rl/kept_groups`, `rl/response_length`, `rl/is_masked_fraction`, `rl/clip_fraction`, `rl/kl`,
 `rl/entropy`, `rl/rollout_tokens_per_s`, `train/tokens_per_s`; the filter's counts
-(`rl/filter/...`); held-out `rl/heldout/pass_at_1/<domain>` and `rl/heldout/greedy/<domain>` at
-step 0 and at the end; the profile (JSON + PNG). The stage is a content-addressed step over its
+(`rl/filter/...`); held-out `rl/<split>/pass_at_1/<domain>` and `rl/<split>/greedy/<domain>` at
+step 0 and at the end, per split of the held-out rows (eval/splits.py): `rl/dev/...` (what tuning and
+ablations compare) and `rl/test/...` (what the closing table reports, read by nothing else); the
+profile (JSON + PNG). The stage is a content-addressed step over its
 block, the seed, the rows and the start checkpoint: an unchanged recipe reuses it. The final
 checkpoint is registered with the alias `rl`.
 
@@ -39,8 +41,8 @@ from stagewise.data.reasoning_switch import SwitchSetting, switch_spec
 from stagewise.recipe import Recipe
 from stagewise.recipe.blocks.on_policy import block_spec
 from stagewise.recipe.blocks.rl import RLStage
-from stagewise.flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
-                         stage_run, start_checkpoint)
+from stagewise.flows.stage import (Signal, Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point,
+                         reused_result, stage_run, start_checkpoint)
 from stagewise.tasks.policy import run_logger
 from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
 from stagewise.tasks.rl import (RLWiring, ScoresCache, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
@@ -50,7 +52,8 @@ from stagewise.data.digest import rows_digest
 from stagewise.store.steps import step_dir, value_of
 
 STAGE = "rl"
-TARGET = "rl/heldout/pass_at_1/all"
+TARGET = "rl/test/pass_at_1/all"
+DEV_TARGET = "rl/dev/pass_at_1/all"
 WORLD_ENTITIES = 3000
 
 
@@ -90,6 +93,11 @@ def rl_spec(block: RLInputs, seed: int) -> dict:
     """What determines the stage's outcome besides its inputs' hashes (rows, start checkpoint)."""
     # where a vLLM server listens says nothing about the weights: not hashed
     spec = {"stage": block_spec(block.stage, {"vllm_url"}), "seed": seed, "version": RL_VERSION}
+    ro = block.stage.rollout
+    if block.stage.engine == "torch" and not ro.off_policy and ro.minibatches > 1:
+        # a synchronous split batch's later parts train against the trainer's π_old (model/rl_batches.py),
+        # no longer the sampler's log-probs: such steps finished before that retrain
+        spec["old_logprobs"] = "trainer"
     if block.only_domains is not None:
         spec["only_domains"] = sorted(block.only_domains)
     if not block.evaluate:
@@ -106,7 +114,7 @@ def rl_flow(ctx: StageContext, block: RLInputs, upstream: Upstream | None = None
     name = block.name
     with stage_run(ctx, name, {"stagewise.start_checkpoint": start_from}) as run_id:
         rows = stage_rows(ctx, cfg.data, block.world_entities, block.only_domains, name)
-        train_rows, heldout_rows = rows.train, rows.heldout
+        train_rows, heldout_rows = rows.train, rows.split(ctx.seed)
         inputs = [checkpoint_hash(start_from), *rows.hashes()]
         out_dir = step_dir(ctx.stages_root, name, rl_spec(block, ctx.seed), inputs)
         reused = reused_result(ctx, name, run_id, out_dir)
@@ -127,6 +135,13 @@ class StageRows:
     def hashes(self) -> list[str]:
         """The rows' content as step inputs (a file's bytes; a directory's row files, data/digest.py)."""
         return [*(rows_digest(p) for p in self.paths), rows_digest(self.heldout_path) if self.heldout_path else "-"]
+
+    def split(self, seed: int) -> dict[str, list]:
+        """The held-out rows by split, {"dev": [...], "test": [...]} (eval/splits.py: by prompt hash)."""
+        from stagewise.data.rl_rows import prompt_key
+        from stagewise.eval.splits import split_rows
+
+        return split_rows(self.heldout, lambda task: prompt_key(task.row), seed)
 
 
 def stage_rows(ctx: StageContext, data, world_entities: int, only_domains: list[str] | None, name: str) -> StageRows:
@@ -149,8 +164,8 @@ def stage_rows(ctx: StageContext, data, world_entities: int, only_domains: list[
     return StageRows(train, heldout_rows, paths, heldout_path)
 
 
-def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, heldout_rows, out_dir: Path, run_id: str,
-           log) -> StageResult:
+def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, heldout_rows: dict[str, list],
+           out_dir: Path, run_id: str, log) -> StageResult:
     from transformers import AutoTokenizer
 
     from stagewise.data.chat import install_chat_template
@@ -166,13 +181,14 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
         raise BadInput(refused)
     tokenizer = install_chat_template(AutoTokenizer.from_pretrained(start_from))  # ours only where it carries none
     trained = {r.domain for r in train_rows}  # held-out rows of the domains this stage trains
-    untrained = sorted({str(r.domain) for r in heldout_rows if r.domain not in trained})
+    untrained = sorted({str(r.domain) for rows in heldout_rows.values() for r in rows if r.domain not in trained})
     if untrained and block.evaluate:
         log.warning("rl: held-out rows of domain(s) %s are not scored: this stage trains %s (a row's domain is its "
                     "\"domain\" field)", ", ".join(untrained), ", ".join(sorted(map(str, trained))))
-    heldout_rows = round_robin([r for r in heldout_rows if r.domain in trained and block.evaluate],
-                               lambda r: r.domain, cfg.data.heldout_limit)
-    wiring = RLWiring(tokenizer, train_rows + heldout_rows, cfg.rewards, cfg.reasoning, block.reasoning_switch)
+    heldout_rows = {split: round_robin([r for r in rows if r.domain in trained and block.evaluate],
+                                       lambda r: r.domain, cfg.data.heldout_limit) for split, rows in heldout_rows.items()}
+    wiring = RLWiring(tokenizer, train_rows + [r for rows in heldout_rows.values() for r in rows], cfg.rewards,
+                      cfg.reasoning, block.reasoning_switch)
     if cfg.engine == "nemo_rl":  # what only the rows tell, before anything trains: verifiers, longest prompt
         from stagewise.engines.nemo_rl.stage import gym_environments, refuse_unsupported
         from stagewise.engines.nemo_rl.translate import unsupported
@@ -182,7 +198,9 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
                                                     max_prompt_tokens=_longest_prompt(wiring, train_rows)))
     policy = load_model(start_from, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    options = {"hf": {"device": device}, "hf-process": {"threads": cfg.worker_threads},
+    precision = cfg.rollout.sampler_precision  # hf backends: the sampling copy's (on_policy.py refuses bf16 on vllm)
+    options = {"hf": {"device": device, "precision": precision},
+               "hf-process": {"threads": cfg.worker_threads, "precision": precision},
                "vllm": {"url": cfg.vllm_url}}[cfg.backend]
     generator = make_generator(cfg.backend, policy, end_ids(tokenizer), pad_id, **options)
     try:
@@ -212,10 +230,16 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     log.info("%s: %d of %d training prompts kept by the difficulty filter (%s)", block.name, len(kept), len(train_ids),
              ", ".join(f"{k} {v}" for k, v in counts.items()))
 
-    heldout_ids = [r.id for r in heldout_rows]
-    evaluate = lambda at, weights: value_of(heldout_eval_task(  # noqa: E731
-        generator, wiring, heldout_ids, cfg.data.heldout_samples, ro.max_new_tokens, ro.temperature, ctx.seed,
-        tracker, run_id, at, cache=ScoresCache(str(ctx.stages_root), weights))) if heldout_ids else {}
+    def evaluate(at: tuple[int, int], weights: str) -> dict[str, float]:
+        """pass@1 and greedy accuracy on each split's held-out rows: rl/dev/..., rl/test/..."""
+        out: dict[str, float] = {}
+        for split, rows in heldout_rows.items():
+            if rows:
+                out |= value_of(heldout_eval_task(
+                    generator, wiring, [r.id for r in rows], cfg.data.heldout_samples, ro.max_new_tokens,
+                    ro.temperature, ctx.seed, tracker, run_id, at, prefix=f"rl/{split}",
+                    cache=ScoresCache(str(ctx.stages_root), weights)))
+        return out
     generator.sync_weights(policy.state_dict())
     before = evaluate((0, 0), checkpoint_hash(start_from))
     _say_heldout(log, block.name, "before", before)
@@ -238,11 +262,11 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     generator.sync_weights(policy.state_dict())
     after = evaluate((ckpt.step, ckpt.tokens_seen), ckpt.sha256 or checkpoint_hash(ckpt.path))
     _say_heldout(log, block.name, "after", after)
-    deltas = {f"rl/heldout/{k.split('/', 2)[2]}_delta": after[k] - before[k] for k in before if k in after}
+    deltas = {f"{k}_delta": after[k] - before[k] for k in before if k in after}
     tracker.log_metrics(run_id, [(ckpt.step, ckpt.tokens_seen, deltas)])
     _report(tracker, run_id, before, after)
     summary = StageSummary(metric=TARGET, before=before.get(TARGET), after=after.get(TARGET), higher_is_better=True,
-                           tokens=trained_tokens)
+                           tokens=trained_tokens, dev_metric=DEV_TARGET)
     result = StageResult(stage=block.name, parent=start_from, checkpoint=ckpt.path, run_id=run_id,
                          metrics={**after, **{f"base/{k}": v for k, v in before.items()}, **deltas},
                          stage_dir=str(out_dir), summary=summary)
@@ -343,7 +367,7 @@ def backend_problem(backend: str, device: str) -> str | None:
 
 def _say_heldout(log, name: str, when: str, metrics: dict[str, float]) -> None:
     if metrics:
-        log.info("%s: held-out %s: %s", name, when, ", ".join(f"{k.removeprefix('rl/heldout/')} {v:.3f}"
+        log.info("%s: held-out %s: %s", name, when, ", ".join(f"{k.removeprefix('rl/')} {v:.3f}"
                                                         for k, v in sorted(metrics.items())))
 
 
@@ -365,4 +389,6 @@ def _report(tracker, run_id: str, before: dict[str, float], after: dict[str, flo
                        "reports/rl_before_after.png")
 
 
-STAGE_ENTRY = Stage(name=STAGE, flow=rl_flow, select=select, start="handed_on")
+STAGE_ENTRY = Stage(name=STAGE, flow=rl_flow, select=select, start="handed_on",
+                    signals=(Signal("reward (mean over rollouts)", ("rl/reward/total", "rl/reward/accuracy")),
+                             Signal("tokens masked by importance sampling", ("rl/is_masked_fraction",))))

@@ -32,7 +32,8 @@ registered with the alias `sft`.
 With `engine: megatron` the data path and the evaluations are the same; each sub-stage's training
 is one Megatron-Bridge run on its kept conversations as chat rows (engines/megatron/chat_rows.py,
 engines/megatron/stage.py's sft_plan: import -> train -> export), adopted as the sub-stage's checkpoint
-and scored once (the recipe check refuses sub-stage gates and max_epochs there).
+and scored once (the recipe check refuses max_epochs there, and a gate that evaluates before the
+sub-stage's end: one at its end reads the export's evaluation).
 """
 
 from __future__ import annotations
@@ -44,15 +45,16 @@ from pydantic import BaseModel
 from prefect import flow, get_run_logger
 
 from stagewise.data.reasoning_switch import SwitchSetting
+from stagewise.eval.splits import SPLITS
 from stagewise.engines.launch.stage import with_engine
 from stagewise.recipe import Recipe, SFTStage, SFTSubStage
-from stagewise.flows.stage import (Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result,
-                         stage_run, start_checkpoint)
+from stagewise.flows.stage import (Signal, Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point,
+                         reused_result, stage_run, start_checkpoint)
 from stagewise.flows.stage_loop import GateFailed, run_stretches
 from stagewise.model.config import ModelConfig, MTPConfig, TrainConfig
 from stagewise.engines.megatron.translate import megatron_precision
 from stagewise.tasks.data_profile import sft_profile_task
-from stagewise.tasks.evaluate import heldout_task, loss_report_task, suite_task
+from stagewise.tasks.evaluate import gate_task, heldout_task, loss_report_task, suite_task
 from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
 from stagewise.tasks.sft_data import PackedRef, blend_pack_task, curate_task, resolve, sft_start_task, sft_world_task
 from stagewise.store.steps import claim_step, file_hash, finished, mark_finished, reuse, step_dir, value_of
@@ -62,7 +64,8 @@ from stagewise.tasks.train import PackedData, TrainSpec
 STAGE = "sft"
 SUBSTAGE_TAG = "stagewise.substage"
 SUBSTAGES_TAG = "stagewise.substages"
-TARGET = "eval/sft_heldout/exact_match"
+TARGET = "eval/sft_test/exact_match"
+DEV_TARGET = "eval/sft_dev/exact_match"
 WORLD_ENTITIES = 3000
 """The `format` questions' entity count when neither the SFT nor the pretraining world says."""
 
@@ -93,24 +96,27 @@ def select(recipe: Recipe) -> SFTInputs | None:
 class Scores:
     """Evaluations of checkpoints, computed once per weights and logged to whichever run asks.
 
-    The last evaluation inside a sub-stage and the stage run's "after" evaluation score the
-    same weights; the cache (keyed by weight sha256) makes the second one a copy."""
+    The held-out conversations are scored per split (eval/splits.py): a sub-stage's marks (its gate's
+    evaluations, its end) read dev only; the stage's base and final checkpoints are scored on dev and
+    test, and the closing table reports test. The last evaluation inside a sub-stage and the stage
+    run's "after" evaluation score the same weights; the cache (keyed by weight sha256) makes the
+    second one a copy."""
 
     def __init__(self, tracker: Tracker, heldout: str | None, heldout_limit: int | None, pack_size: int,
-                 device: str = "cpu", switch: SwitchSetting = "auto"):
+                 seed: int, device: str = "cpu", switch: SwitchSetting = "auto"):
         self.tracker, self.heldout, self.heldout_limit, self.pack_size = tracker, heldout, heldout_limit, pack_size
-        self.device, self.switch = device, switch
+        self.seed, self.device, self.switch = seed, device, switch
         self.cache: dict[tuple, dict[str, float]] = {}
 
     def __call__(self, ckpt: CheckpointRef, tasks: list[str] | None, limit: int | None, run_id: str,
-                 at: tuple[int, int] | None = None) -> dict[str, float]:
-        """Score `ckpt` (held-out conversations + `tasks`) and log to `run_id` at `at` = (step, tokens)."""
+                 at: tuple[int, int] | None = None, splits: tuple[str, ...] = SPLITS) -> dict[str, float]:
+        """Score `ckpt` (held-out conversations of `splits` + `tasks`) and log to `run_id` at `at` = (step, tokens)."""
         ref = ckpt if at is None else ckpt.model_copy(update={"step": at[0], "tokens_seen": at[1]})
         metrics: dict[str, float] = {}
-        if self.heldout:
-            metrics |= self._once((ckpt.sha256 or ckpt.path, "heldout", self.heldout_limit), ref, run_id,
-                                  lambda: heldout_task(ref, self.heldout, self.pack_size, self.heldout_limit,
-                                                       self.tracker, run_id, device=self.device,
+        for split in splits if self.heldout else ():
+            metrics |= self._once((ckpt.sha256 or ckpt.path, "heldout", split, self.heldout_limit), ref, run_id,
+                                  lambda: heldout_task(ref, self.heldout, split, self.seed, self.pack_size,
+                                                       self.heldout_limit, self.tracker, run_id, device=self.device,
                                                        switch=self.switch))
         if tasks:
             metrics |= self._once((ckpt.sha256 or ckpt.path, "suite", tuple(tasks), limit), ref, run_id,
@@ -170,13 +176,18 @@ def train_substage(ctx: StageContext, sub: SFTSubStage, index: int, packed: Pack
             tracker.set_tags(run_id, {"stagewise.reused": "true"})
             return CheckpointRef.model_validate(record["checkpoint"]), record.get("decision")
         limit = gate.eval_limit if gate else block.stage.eval_limit
-        evaluate = lambda ckpt: scores(ckpt, suite, limit, run_id)  # noqa: E731
-        if launched:  # the recipe check refused gates here: one launch, then the evaluation of its export
+        evaluate = lambda ckpt: scores(ckpt, suite, limit, run_id, splits=("dev",))  # noqa: E731 - gates read dev
+        if launched:  # one launch, then the evaluation of its export; a gate only at its end (the recipe check)
+            if gate is not None:  # the start, for relative thresholds and guards (a copy: the stage scored it)
+                evaluate(start.model_copy(update={"step": 0, "tokens_seen": 0}))
             ckpt = _substage_on_megatron(ctx, sub, train_cfg, index, packed, start, block, tokenizer_dir, run_id,
                                          out_dir)
             evaluate(ckpt)
-            mark_finished(out_dir, {"checkpoint": ckpt.model_dump(), "decision": None, "run_id": run_id})
-            return ckpt, None
+            decision = gate_task(gate, tracker, run_id, ckpt.tokens_seen, True) if gate is not None else None
+            if decision is not None and decision["action"] == "fail":
+                raise GateFailed(f"{STAGE}/{sub.name}", decision)
+            mark_finished(out_dir, {"checkpoint": ckpt.model_dump(), "decision": decision, "run_id": run_id})
+            return ckpt, decision
         spec = TrainSpec(
             stage=STAGE, model=ModelConfig(preset=None, from_=start.path, mtp=block.mtp), train=train_cfg,
             objective=f"sft_{sub.normalization}", out_dir=str(out_dir), seed=ctx.seed, recipe_hash=ctx.recipe_hash,
@@ -262,7 +273,7 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
         if reused is not None:
             logger.info("sft already finished in %s: reusing %s", out_dir, reused.checkpoint)
             return reused
-        scores = Scores(tracker, heldout_path, data.heldout_limit, max(s.seq_length for s in stage.stages),
+        scores = Scores(tracker, heldout_path, data.heldout_limit, max(s.seq_length for s in stage.stages), ctx.seed,
                         ctx.runtime.device, block.reasoning_switch)
         tasks = block.suites.get(stage.eval_suite) if stage.eval_suite else None
         base = scores(start, tasks, stage.eval_limit, run_id, at=(0, 0))
@@ -283,11 +294,22 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
             last = list(decisions)[-1]
             gate = {**decisions[last], "substage": last}
         headline = {**final, **{f"base/{k}": v for k, v in base.items()}, **delta}
+        budgets = {s.name: s.tokens for s in stage.stages}
         summary = StageSummary(metric=TARGET, before=base.get(TARGET), after=final.get(TARGET), higher_is_better=True,
-                               tokens=tokens)
+                               tokens=tokens, dev_metric=DEV_TARGET,
+                               note="; ".join(gate_note(n, d, budgets[n]) for n, d in decisions.items()) or None)
         result = StageResult(stage=STAGE, parent=start_from, checkpoint=ckpt.path, run_id=run_id, gate=gate,
                              metrics=headline, stage_dir=str(out_dir), summary=summary)
         return finish(ctx, out_dir, result, {**final, **delta}, at=(step, tokens))
+
+
+def gate_note(substage: str, decision: dict, budget: int) -> str:
+    """What a sub-stage's gate decided, for the closing table's row: e.g. `stage1 gate: stop at 614,400
+    of 983,040 tokens (rule held)`."""
+    reason = decision.get("reason", "")
+    why = ("rule held" if decision.get("held") else "plateau" if reason.startswith("plateau")
+           else "budget exhausted, rule not held" if reason.startswith("budget") else reason[:60])
+    return f"{substage} gate: {decision['action']} at {decision['tokens_seen']:,} of {budget:,} tokens ({why})"
 
 
 def _refuse_without_switch(start: str, block: SFTInputs) -> None:
@@ -315,4 +337,5 @@ def _report(tracker: Tracker, run_id: str, base: dict, final: dict, names: list[
         tracker.log_figure(run_id, before_after_plot(base, final, "SFT: base vs fine-tuned"), "reports/sft_before_after.png")
 
 
-STAGE_ENTRY = Stage(name=STAGE, flow=sft_flow, select=select, start="handed_on")
+STAGE_ENTRY = Stage(name=STAGE, flow=sft_flow, select=select, start="handed_on",
+                    signals=(Signal("training loss per sub-stage", ("train/lm_loss",), nested=True),))

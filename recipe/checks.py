@@ -44,8 +44,32 @@ def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out += _suite_problems(r, "stages.quantize", r.stages.quantize)
     out += _quantize_problems(r) if r.stages.quantize else []
     out += _eval_problems(r)
+    out += _gate_split_problems(r)
     out += _workdir_problems(r.workdir)
     return out + _preset_problems(r.model)
+
+
+def _gates(r: Recipe) -> list[tuple[str, Any]]:
+    """(yaml path, gate) of every gate in the recipe: a stage's own, and each SFT sub-stage's."""
+    found = [(f"stages.{name}.gate", getattr(block, "gate", None)) for name, block in r.stages if block is not None]
+    if r.stages.sft is not None:
+        found += [(f"stages.sft.stages[{i}].gate", sub.gate) for i, sub in enumerate(r.stages.sft.stages)]
+    return [(at, gate) for at, gate in found if gate is not None]
+
+
+def _gate_split_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """A gate decides, so it reads the dev split of held-out sets: a test metric is for the closing
+    table and the README only (eval/splits.py), and a gate on it would tune on the test set."""
+    from stagewise.eval.splits import is_test_metric
+
+    out = []
+    for at, gate in _gates(r):
+        for name in gate.metrics():
+            if is_test_metric(name):
+                dev = name.replace("/test/", "/dev/").replace("_test/", "_dev/")
+                out.append((at, f"reads {name!r}, a test-split metric: gates decide on dev ({dev!r}); "
+                                "test is reported, never tuned on", at))
+    return out
 
 
 STEP_DIR = re.compile(r"[a-z][a-z0-9_]*(-[A-Za-z0-9_.]+)*-[0-9a-f]{16}")

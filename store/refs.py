@@ -25,7 +25,11 @@ class StageSummary(BaseModel):
     """A stage's row in the closing table: what it set out to move, and by how much."""
 
     metric: str
-    """The MLflow metric the stage targets (e.g. `eval/validation/loss`)."""
+    """The MLflow metric the stage targets and the closing table reports (e.g. `eval/validation/loss`,
+    `rl/test/pass_at_1/all`: a held-out metric is its test split's, eval/splits.py)."""
+    dev_metric: str | None = None
+    """The same measure on the dev split, where the stage has one: what an ablation compares (test
+    is for the report only). None: `metric` itself (a validation loss, a merge's score)."""
     before: float | None = None
     """Its value on the checkpoint the stage started from (None when there was none to score)."""
     after: float | None = None

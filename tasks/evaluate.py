@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import task
 
 from stagewise.data.reasoning_switch import SwitchSetting
-from stagewise.eval.metric_names import HELDOUT_PREFIX, SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX
+from stagewise.eval.metric_names import SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX, heldout_prefix
 from stagewise.store.refs import CheckpointRef, PreparedRef
 from stagewise.store.tracking import Tracker
 from stagewise.tasks.policy import retrying, run_logger
@@ -114,6 +114,8 @@ def gate_task(gate, tracker: Tracker, run_id: str, tokens_seen: int, budget_exha
 def heldout_task(
     checkpoint: CheckpointRef,
     heldout: str,
+    split: str,
+    seed: int,
     pack_size: int,
     limit: int | None = None,
     tracker: Tracker | None = None,
@@ -121,22 +123,25 @@ def heldout_task(
     device: str = "cpu",
     switch: SwitchSetting = "auto",
 ) -> dict[str, float]:
-    """Held-out conversations (eval/heldout.py): greedy exact match and SFT loss of a checkpoint,
-    logged as `eval/sft_heldout/<metric>` at the checkpoint's step. `switch`: the recipe's
+    """One split (eval/splits.py: `dev` or `test`, by the recipe's `seed`) of the held-out conversations
+    (eval/heldout.py): greedy exact match and SFT loss of a checkpoint, logged as
+    `eval/sft_<split>/<metric>` at the checkpoint's step. `switch`: the recipe's
     tokenizer.reasoning_switch (the prompts are written with reasoning off)."""
     from transformers import AutoTokenizer
 
+    from stagewise.data.chat import prompt_key
     from stagewise.eval.heldout import heldout_answers, heldout_loss, read_conversations
+    from stagewise.eval.splits import split_rows
     from stagewise.model.build import load_model
 
     model = load_model(Path(checkpoint.path), device=device)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.path)
-    convs = read_conversations(heldout)
+    convs = split_rows(read_conversations(heldout), prompt_key, seed)[split]
     metrics = heldout_answers(model, tokenizer, convs, limit, device=device, switch=switch)
     metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit, device=device, switch=switch)
-    named = {f"{HELDOUT_PREFIX}/{k}": v for k, v in metrics.items()}
-    run_logger().info("held-out conversations at %d tokens: %s", checkpoint.tokens_seen,
-                          ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
+    named = {f"{heldout_prefix(split)}/{k}": v for k, v in metrics.items()}
+    run_logger().info("held-out conversations (%s) at %d tokens: %s", split, checkpoint.tokens_seen,
+                      ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
     if tracker and run_id:
         tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, named)])
     return named

@@ -28,7 +28,7 @@ class Scoring:
     seq_length: int = 256
     val_tokens: int = 16384
     heldout: list[dict] = field(default_factory=list)
-    """Held-out conversations (greedy exact match, eval/heldout.py)."""
+    """The held-out conversations' test split (greedy exact match, eval/heldout.py; eval/splits.py)."""
     heldout_limit: int | None = 200
     pack_size: int = 1024
     """Pack size of the held-out loss (the conversations' SFT loss, packed as SFT trains them)."""
@@ -37,7 +37,7 @@ class Scoring:
 
 
 def score_model(model: torch.nn.Module, tokenizer: Any, scoring: Scoring, device: str) -> dict[str, float]:
-    """`validation/loss`, `heldout/exact_match` (+ format match, per domain), `heldout/loss` (the
+    """`validation/loss`, `test/exact_match` (+ format match, per domain), `test/loss` (the
     assistant tokens' loss: the smoothest of these, so the one that ranks budgets) and the suite's `<task>/<metric>`."""
     from stagewise.eval.heldout import heldout_answers, heldout_loss
     from stagewise.eval.validation import validation_loss
@@ -48,10 +48,10 @@ def score_model(model: torch.nn.Module, tokenizer: Any, scoring: Scoring, device
                                                  device=device)["loss"]
     if scoring.heldout:
         answers = heldout_answers(model, tokenizer, scoring.heldout, scoring.heldout_limit, device=device)
-        out |= {f"heldout/{k}": v for k, v in answers.items() if k != "answered"}
+        out |= {f"test/{k}": v for k, v in answers.items() if k != "answered"}
         loss = heldout_loss(model, tokenizer, scoring.heldout, scoring.pack_size, scoring.heldout_limit, device=device)
         if loss:
-            out["heldout/loss"] = loss["loss"]
+            out["test/loss"] = loss["loss"]
     if scoring.suite:
         from stagewise.eval.harness import run_tasks
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from stagewise.engines import LAUNCHED_GATE, PLACEHOLDER
+from stagewise.engines import LAUNCHED_SUBSTAGE_GATE, PLACEHOLDER
 from stagewise.model.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -58,15 +58,16 @@ def _megatron_long_context(r: Recipe) -> list[tuple[str, str, str]]:
 
 def _megatron_sft(r: Recipe) -> list[tuple[str, str, str]]:
     """Every sub-stage translated (from the recipe's model, or `model.from`), and what only a sub-stage
-    has: a gate (one launch per sub-stage) and max_epochs (Megatron samples the budget's steps,
+    has: a gate evaluated before the sub-stage's end (one launch per sub-stage: a gate at its end, a
+    quality bar on the export, is fine) and max_epochs (Megatron samples the budget's steps,
     wrapping its data as often as they need, with no cap on passes)."""
     from stagewise.engines.megatron.translate import chat_jsonl_overrides, megatron_precision, plan_sft
 
     sft, out = r.stages.sft, []
     for i, sub in enumerate(sft.stages):
         here = f"stages.sft.stages[{i}]"
-        if sub.gate is not None:
-            out.append((f"{here}.gate", LAUNCHED_GATE.format(engine=sft.engine), f"{here}.gate"))
+        if sub.gate is not None and sub.gate.eval_every_tokens < sub.tokens:
+            out.append((f"{here}.gate", LAUNCHED_SUBSTAGE_GATE.format(engine=sft.engine), f"{here}.gate"))
         if sub.max_epochs is not None:
             out.append((f"{here}.max_epochs", "Megatron-Bridge trains the budget's steps and wraps its data as often "
                         "as they need (no cap on passes): drop max_epochs and size `tokens`, or use engine torch",

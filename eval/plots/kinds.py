@@ -4,8 +4,8 @@ A chart that puts a count of 18,800 supervised tokens on the same axis as an exa
 0.055 shows neither; every chart here first sorts its metrics by kind and gives each kind its
 own axis: rates on a fixed 0-1 axis, losses on their own, counts apart.
 
-    metric_kind("eval/sft_heldout/exact_match_arithmetic")  # "rate"
-    metric_kind("eval/sft_heldout/supervised_tokens")        # "count"
+    metric_kind("eval/sft_test/exact_match_arithmetic")  # "rate"
+    metric_kind("eval/sft_test/supervised_tokens")        # "count"
 """
 
 from __future__ import annotations

@@ -52,6 +52,8 @@ def rl_training_plot(histories: dict[str, list[tuple[int, int, float]]], before:
     ax_g.set_title("signal and off-policy correction")
     ax_g.legend(frameon=False, fontsize=8)
     names = sorted(k for k in before if "/pass_at_1/" in k and k in after)
+    tested = [k for k in names if "/test/" in k]  # the split the closing table reports (eval/splits.py)
+    names = tested or names
     labels = [k.rsplit("/", 1)[1] for k in names]
     for i, k in enumerate(names):
         ax_h.plot([i, i], [before[k], after[k]], color="0.7")
@@ -61,7 +63,7 @@ def rl_training_plot(histories: dict[str, list[tuple[int, int, float]]], before:
     ax_h.set_xticks(range(len(names)), labels)
     ax_h.set_ylim(0, max([0.5, *before.values(), *after.values()]) * 1.1)
     gains = [after[k] - before[k] for k in names]
-    ax_h.set_title("held-out pass@1: " + ", ".join(f"{lab} {g:+.2f}" for lab, g in zip(labels, gains)))
+    ax_h.set_title(("test" if tested else "held-out") + " pass@1: " + ", ".join(f"{lab} {g:+.2f}" for lab, g in zip(labels, gains)))
     ax_h.legend(frameon=False, fontsize=8)
     fig.tight_layout()
     return fig

@@ -18,10 +18,11 @@ class QuantizeStage(QuantizeConfig):
     """Calibration text: a JSONL file (`text` per line) or a text file, relative to the recipe;
     default the recipe's validation text (the prepared data's held-out shards)."""
     heldout: str | None = None
-    """Held-out conversations scored BF16 vs quantized (greedy exact match); default the SFT world's
+    """Held-out conversations scored BF16 vs quantized (greedy exact match) on their test split
+    (eval/splits.py: nothing in the search reads them); default the SFT world's
     `@world/sft_eval.jsonl` when the recipe has one."""
     heldout_limit: int | None = Field(200, gt=0)
-    """Held-out conversations answered per model (None: all)."""
+    """Held-out test conversations answered per model (None: all)."""
     val_tokens: int = Field(16384, gt=0)
     """Validation tokens scored per model (validation loss)."""
     eval_suite: str | None = None

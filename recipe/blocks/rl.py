@@ -65,9 +65,11 @@ class RLData(StrictConfig):
     sources: list[RLSource] = Field(min_length=1)
     """Training rows."""
     heldout: str | None = None
-    """Held-out rows for pass@1 before and after (default with a world: @world/rl_eval.jsonl)."""
+    """Held-out rows for pass@1 before and after (default with a world: @world/rl_eval.jsonl), split
+    by prompt hash into dev (`rl/dev/...`: what tuning and ablations compare) and test (`rl/test/...`:
+    what the closing table reports) (eval/splits.py)."""
     heldout_limit: int | None = Field(240, gt=0)
-    """Held-out rows scored, taken round-robin over domains (None: all)."""
+    """Held-out rows scored per split, taken round-robin over domains (None: all)."""
     heldout_samples: int = Field(8, gt=0)
     """Responses per held-out prompt for pass@1 (the mean verifier result at the rollout temperature)."""
 
@@ -93,7 +95,8 @@ class RLStage(OnPolicyStage):
     steps: int = Field(gt=0)
     """Optimizer steps (one rollout batch each, or every `rollout.minibatches` steps)."""
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
-    """Group size, response length, temperature, one-step off-policy, minibatches per rollout batch."""
+    """Group size, response length, temperature, one-step off-policy, minibatches per rollout batch (and
+    where their π_old comes from), the sampler's precision (model/rl_batches.py)."""
     loss: GRPOConfig = Field(default_factory=GRPOConfig, alias="grpo")
     """Clipping, masked importance sampling, KL (its temperature is the rollout's). The recipe key is
     `grpo` (its name before the on-policy blocks shared one loss key; `loss` is accepted too)."""

@@ -123,9 +123,10 @@ class Facts:
     def gate_metrics(self, stage: str, suite: str | None) -> tuple[set[str], list[str]]:
         """(every eval name a gated `pretrain` or `sft` stage logs at its marks, the suite's tasks whose
         names only lm-eval knows). At a mark pretraining scores validation loss, SFT the held-out
-        conversations, and both the gate's suite (flows/pretrain.py, flows/sft.py)."""
+        conversations' dev split (a gate never reads test: eval/splits.py), and both the gate's suite
+        (flows/pretrain.py, flows/sft.py)."""
         from stagewise.eval.harness import local_metric_names
-        from stagewise.eval.metric_names import (HELDOUT_PREFIX, SUITE_PREFIX, VALIDATION_PREFIX, heldout_metric_names,
+        from stagewise.eval.metric_names import (SUITE_PREFIX, VALIDATION_PREFIX, heldout_metric_names, heldout_prefix,
                                        validation_metric_names)
 
         r = self.recipe
@@ -133,7 +134,7 @@ class Facts:
             names = {f"{VALIDATION_PREFIX}/{n}" for n in validation_metric_names(s.name for s in r.data.sources)}
         elif r.stages.sft.data.heldout or r.stages.sft.data.world:
             domains = sorted({s.domain_name for s in r.stages.sft.data.sources})
-            names = {f"{HELDOUT_PREFIX}/{n}" for n in heldout_metric_names(domains)}
+            names = {f"{heldout_prefix('dev')}/{n}" for n in heldout_metric_names(domains)}
         else:
             names = set()
         local, outside = local_metric_names(r.eval.get(suite or "", []))

@@ -13,6 +13,9 @@ the server through the Prefect client (`run_deployment` is what the Run button c
   MLflow store, a data path, a recipe elsewhere) fails the flow run naming it, before any work;
 - a two-stage run (pretrain,merge on a tiny budget) completes, its closing table is an artifact
   of the flow run, and its MLflow runs exist, tagged with the pipeline's Prefect flow run.
+- that run in the Prefect UI, rendered by headless Chromium: the pipeline flow run's Artifacts tab
+  lists the closing table and the MLflow link, the closing table's page shows each stage's row (its
+  metric, its MLflow run) and the link to the pipeline's MLflow run; the screenshots are kept.
 - the deployment's Run page in the Prefect UI, rendered by headless Chromium (Debian's package),
   shows the parameter form with its recipe and stages fields; the screenshot is kept.
 """
@@ -200,31 +203,53 @@ def test_a_form_asking_past_the_operators_boundary_fails_before_any_work_naming_
     assert not workdir.exists()  # refused in the flow run, before the recipe was even read
 
 
-@pytest.mark.slow
-def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served, tmp_path):
-    from mlflow import MlflowClient
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
-
-    workdir = tmp_path / "w"
+@pytest.fixture(scope="module")
+def two_stage(served, tmp_path_factory):
+    """One two-stage run (pretrain,merge on a tiny budget) triggered as the Run button does, shared by the
+    tests that read it (its MLflow runs, its page in the UI): (flow run, workdir)."""
+    workdir = tmp_path_factory.mktemp("two-stage") / "w"
     started = time.monotonic()
     run = _trigger(served, "pipeline", {"stages": ["merge", "pretrain"], "overrides": [f"workdir={workdir}", *SMALL]})
-    assert run.state.is_completed(), f"{run.state!r}\n" + tail(served)
     print(f"two-stage run: {time.monotonic() - started:.0f} s")
+    return run, workdir
+
+
+def _pipeline_runs(run) -> list:
+    """The completed pipeline subflow runs under the deployment's flow run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
     async def subflows() -> list:
         async with get_client() as client:
             return await client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
 
-    async def artifacts(ids: list) -> list:
+    return [f for f in asyncio.run(subflows()) if f.state.is_completed()]
+
+
+def _artifacts(ids: list) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read() -> list:
         async with get_client() as client:
             return await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
 
-    pipeline = [f for f in asyncio.run(subflows()) if f.state.is_completed()]
+    return asyncio.run(read())
+
+
+@pytest.mark.slow
+def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served, two_stage):
+    from mlflow import MlflowClient
+
+    run, workdir = two_stage
+    assert run.state.is_completed(), f"{run.state!r}\n" + tail(served)
+    pipeline = _pipeline_runs(run)
     assert pipeline, "no completed pipeline subflow under the deployment's flow run"
-    table = [a for a in asyncio.run(artifacts([run.id, *(f.id for f in pipeline)])) if a.key == "stagewise-closing-table"]
-    assert len(table) == 1 and "pretrain" in table[0].data and "merge" in table[0].data  # on the pipeline run's page
+    table = [a for a in _artifacts([run.id, *(f.id for f in pipeline)]) if a.key == "stagewise-closing-table"]
+    # on the pipeline run's page, and on the page the Run button opens (the deployment's own flow run)
+    assert sorted(str(a.flow_run_id) for a in table) == sorted([str(run.id), str(pipeline[0].id)]), table
+    assert all("pretrain" in a.data and "merge" in a.data for a in table)
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tiny")
     runs = client.search_runs([experiment.experiment_id])
@@ -234,6 +259,96 @@ def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served
     assert {r.data.tags.get("stagewise.stage") for r in children} >= {"pretrain", "merge"}
     assert all(r.info.status == "FINISHED" for r in [*parents, *children])
     assert {p.name.rsplit("-", 1)[0] for p in (workdir / "stages").iterdir() if p.is_dir()} == {"pretrain", "merge"}
+
+
+def _chromium_page(browser: str, url: str, tmp_path: Path, shot: Path | None = None) -> str:
+    """The DOM of `url` as headless Chromium renders the Prefect UI there (and its screenshot into `shot`)."""
+    # 20 s of the page's virtual time: it only runs while no request is pending, so the SPA's reads all answer
+    base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,1000",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=20000"]
+    dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert dom.stdout.strip(), f"chromium rendered nothing at {url}\n{dom.stderr[-2000:]}"
+    if shot is not None:
+        proc = subprocess.run([*base, f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
+        assert shot.is_file() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
+    return dom.stdout
+
+
+@pytest.mark.slow
+def test_the_pipeline_runs_closing_table_and_mlflow_link_render_in_the_prefect_ui(server, served, two_stage, tmp_path,
+                                                                                 tmp_path_factory):
+    """A person opening the two-stage run in the Prefect UI, rendered by headless Chromium: the page the
+    Run button opens (the deployment's flow run) lists the closing table and the MLflow link in its
+    Artifacts tab, as the pipeline's flow run does; the closing table's page shows the table (a row per
+    stage with its metric and MLflow run id, linked to the run's page) and links the pipeline's MLflow
+    run, as does the link's page. What is looked for comes from the MLflow store and the stages' code,
+    not from the artifacts."""
+    from html import unescape
+
+    from mlflow import MlflowClient
+
+    from stagewise.flows import merge, pretrain
+    from tests.eval.test_report_browser import _chromium
+
+    browser = _chromium()
+    run, workdir = two_stage
+    assert run.state.is_completed(), f"{run.state!r}\n" + tail(served)
+    pipeline = {f.id: f for f in _pipeline_runs(run)}
+    arts = _artifacts([run.id, *pipeline])
+    for owner in (*pipeline, run.id):  # the pipeline's flow run, and the deployment's (the Run button's page)
+        assert {a.key for a in arts if a.flow_run_id == owner} >= {"stagewise-closing-table", "stagewise-mlflow-run"}
+    found = {a.key: a for a in arts if a.flow_run_id in pipeline}
+    table, link = found["stagewise-closing-table"], found["stagewise-mlflow-run"]
+    owner = table.flow_run_id
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([experiment.experiment_id])
+    parent = [r.info.run_id for r in runs if r.data.tags.get("prefect.flow_run_id") == str(owner)]
+    assert len(parent) == 1, [r.data.tags for r in runs]
+    stage_runs = {r.data.tags.get("stagewise.stage"): r.info.run_id for r in runs
+                  if r.data.tags.get("mlflow.parentRunId") == parent[0]}
+    mlflow_page = f"/#/experiments/{experiment.experiment_id}/runs/{parent[0]}"
+    ui = server[0].removesuffix("/api")
+
+    # the page the Run button opens (the deployment's flow run), its Artifacts tab; the default UI resets ?tab=
+    # to Logs while the run loads, the V2 UI keeps it
+    html = _chromium_page(browser, f"{ui}/v2/runs/flow-run/{run.id}?tab=Artifacts", tmp_path,
+                          tmp_path / "prefect_ui_flow_run_artifacts.png")
+    (tmp_path / "flow_run_artifacts.html").write_text(html)
+    assert f"<title>Flow Run: {run.name} " in html, "no flow run page in the DOM"
+    for artifact in arts:
+        if artifact.flow_run_id == run.id and artifact.key.startswith("stagewise-"):
+            assert f'href="/v2/artifacts/artifact/{artifact.id}"' in html and f">{artifact.key}<" in html, artifact.key
+
+    # the pipeline's closing table's page (the default UI), as the tab's card opens it
+    shot = tmp_path / "prefect_ui_closing_table.png"
+    html = _chromium_page(browser, f"{ui}/artifacts/artifact/{table.id}", tmp_path, shot)
+    (tmp_path / "closing_table.html").write_text(html)
+    assert "<title>Artifact: stagewise-closing-table " in html, "no artifact page in the DOM"
+    assert f'href="/runs/flow-run/{owner}"' in html  # it names the pipeline's flow run, a link back to its page
+    text = lambda cell: " ".join(unescape(re.sub(r"<[^>]+>", " ", cell)).split())  # noqa: E731
+    tables = re.findall(r"<table[^>]*>(.*?)</table>", html, re.S)
+    assert len(tables) == 1, "no rendered table on the artifact's page"
+    lines = [[text(c) for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", tr, re.S)]
+             for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", tables[0], re.S)]
+    assert lines[0] == ["stage", "metric", "before -> after", "tokens", "time", "MLflow run"], lines
+    rows = {line[0]: line for line in lines[1:]}
+    assert set(rows) == {"pretrain", "merge"}, lines
+    assert rows["pretrain"][1] == pretrain.TARGET and rows["merge"][1] == merge.TARGET, lines
+    assert all(rows[stage][-1] == stage_runs[stage] for stage in rows), (lines, stage_runs)
+    for stage, run_id in stage_runs.items():  # each stage's MLflow run id links to its run's page
+        if stage in rows:
+            page = f"/#/experiments/{experiment.experiment_id}/runs/{run_id}"
+            assert re.search(rf'<a href="[^"]*{re.escape(page)}"[^>]*>{run_id}</a>', html), page
+    assert re.search(rf'<a href="[^"]*{re.escape(mlflow_page)}"[^>]*>the pipeline\'s run</a>', html), mlflow_page
+
+    # the MLflow link's own page
+    html = _chromium_page(browser, f"{ui}/artifacts/artifact/{link.id}", tmp_path)
+    assert re.search(rf'<a href="[^"]*{re.escape(mlflow_page)}"[^>]*>MLflow run {parent[0]}</a>', html), mlflow_page
+    for png in (shot, tmp_path / "prefect_ui_flow_run_artifacts.png"):
+        kept = tmp_path_factory.getbasetemp() / png.name
+        shutil.copyfile(png, kept)
+        print(f"prefect UI screenshot: {kept}")
 
 
 @pytest.mark.slow

@@ -113,8 +113,10 @@ def rl_row(i: str, question: str, answer: str) -> dict:
 
 RL_ROWS = [rl_row("r1", "How many centimetres are in 4 metres?", "400"), rl_row("r2", "How many grams are in 3 kilograms?", "3000"),
            rl_row("r3", "How many seconds are in 2 minutes?", "120"), rl_row("r4", "How many metres are in 6 kilometres?", "6000")]
-RL_HELDOUT = [rl_row("h1", "How many centimetres are in 9 metres?", "900"),
-              rl_row("h2", "How many seconds are in 5 minutes?", "300")]
+RL_HELDOUT = [rl_row("h1", "How many centimetres are in 9 metres?", "900"),  # dev and dev (eval/splits.py, seed 1234)
+              rl_row("h2", "How many seconds are in 5 minutes?", "300"),
+              rl_row("h3", "How many grams are in 7 kilograms?", "7000"),  # test and test
+              rl_row("h4", "How many metres are in 2 kilometres?", "2000")]
 SFT_HELDOUT = [{"id": "units-h1", "messages": [{"role": "user", "content": "How many centimetres are in 8 metres?"},
                                                {"role": "assistant", "content": "800"}]}]
 
@@ -359,7 +361,7 @@ def test_the_full_run_fine_tunes_then_rl_then_quantizes(finetuned):
     assert [s["stage"] for s in run.summary["stages"]] == ["sft", "rl", "quantize"]
     assert (sft["parent"], rl["parent"], quantize["parent"]) == (str(run.start), sft["checkpoint"], rl["checkpoint"])
     m = rl["metrics"]  # RL on the domain's verifiable rows: held-out pass@1 of my_domain before and after
-    assert {"base/rl/heldout/pass_at_1/my_domain", "rl/heldout/pass_at_1/my_domain"} <= set(m), sorted(m)
+    assert {"base/rl/test/pass_at_1/my_domain", "rl/test/pass_at_1/my_domain", "rl/dev/pass_at_1/my_domain"} <= set(m), sorted(m)
     from mlflow import MlflowClient
 
     logged = MlflowClient(tracking_uri=run.summary["tracking_uri"]).get_run(rl["run_id"]).data.metrics

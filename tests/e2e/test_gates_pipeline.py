@@ -18,8 +18,8 @@ import pytest
 
 BUDGET = 65_536  # 16 steps of 8 x 512 tokens; the gate below holds long before
 EVERY = 8_192
-HOLDS_EARLY = [{"metric": "eval/sft_heldout/loss", "op": "<", "value": -0.4, "relative": True}]
-NEVER_HOLDS = [{"metric": "eval/sft_heldout/exact_match", "op": ">=", "value": 0.99}]
+HOLDS_EARLY = [{"metric": "eval/sft_dev/loss", "op": "<", "value": -0.4, "relative": True}]
+NEVER_HOLDS = [{"metric": "eval/sft_dev/exact_match", "op": ">=", "value": 0.99}]
 
 
 def gated_recipe(path: Path, tiny: Path, tokens: int, rule: list[dict], on_exhausted: str) -> Path:
@@ -104,7 +104,7 @@ def test_gate_that_never_holds_fails_the_run_with_its_evidence(cli, tiny_pretrai
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     error = json.loads(proc.stdout[proc.stdout.index("{"):])["error"]
     assert "GateFailed: stage sft/gated: gate failed: budget exhausted at 16384 tokens" in error
-    assert "eval/sft_heldout/exact_match = " in error and ">= 0.99" in error
+    assert "eval/sft_dev/exact_match = " in error and ">= 0.99" in error
 
 
 @pytest.mark.slow

@@ -45,6 +45,23 @@ def _history(client, run, name):
 
 
 @pytest.mark.slow
+def test_stage_1s_gate_decides_on_dev_read_back_from_mlflow(sft_run):
+    """The recipe's gate between SFT stage 1 and what follows: evaluated at the sub-stage's end on the
+    held-out dev split, its decision (with evidence) in the sub-stage's MLflow run and the closing table."""
+    summary, client, runs = sft_run
+    row = summary["stages"][1]
+    gate = row["gate"]
+    assert (gate["substage"], gate["action"], gate["held"]) == ("stage1", "stop", True), gate
+    [cond] = gate["evidence"]["conditions"]
+    assert cond["metric"] == "eval/sft_dev/format_match" and cond["holds"] and cond["current"] >= 0.3
+    stage1 = _run(runs, **{"stagewise.substage": "stage1"})
+    assert stage1.data.tags["stagewise.gate"] == "stop"
+    history = client.get_metric_history(stage1.info.run_id, "eval/sft_dev/format_match")
+    assert history and history[-1].value == cond["current"]  # what the gate read is what MLflow holds
+    assert not client.get_metric_history(stage1.info.run_id, "eval/sft_test/format_match")  # gates never see test
+    assert row["note"].startswith("stage1 gate: stop at 983,040 of 983,040 tokens (rule held)")
+
+
 def test_pipeline_reuses_pretrain_and_hands_its_checkpoint_to_sft(sft_run, tiny_pretrain, cli):
     summary, client, runs = sft_run
     assert [s["stage"] for s in summary["stages"]] == ["pretrain", "sft"]
@@ -75,10 +92,10 @@ def test_mlflow_holds_curation_packing_and_before_after(sft_run):
     assert m["data/profile/tools/top_share"] == 1.0  # the demo world's one tool: the calculator
     assert {"curation/summary.json", "curation/reject_reasons.png", "curation/dirty.rejects.jsonl",
             "reports/sft_before_after.png", "reports/sft_before_after.json", "data/stage1.json"} <= artifacts
-    for name in ("eval/sft_heldout/exact_match", "eval/sft_heldout/loss", "eval/world_chat_format/exact_match"):
+    for name in ("eval/sft_test/exact_match", "eval/sft_test/loss", "eval/world_chat_format/exact_match"):
         steps = [s for s, _ in _history(client, sft, name)]
         assert steps[0] == 0 and len(steps) == 3, (name, steps)  # base, after stage1, after stage2
-    assert "sft/world_chat_format/exact_match_delta" in m and "sft/sft_heldout/loss_delta" in m
+    assert "sft/world_chat_format/exact_match_delta" in m and "sft/sft_test/loss_delta" in m
     for sub in ("stage1", "stage2"):
         run = _run(runs, **{"stagewise.stage": "sft", "stagewise.substage": sub})
         assert run.data.tags["mlflow.parentRunId"] == sft.info.run_id and run.info.status == "FINISHED"
@@ -123,13 +140,13 @@ def test_sft_beats_the_base_on_held_out_conversations(sft_run):
     m = summary["stages"][1]["metrics"]
     print("held-out: loss {:.3f} -> {:.3f}, exact match {:.3f} -> {:.3f} (arithmetic {:.3f} -> {:.3f}), "
           "format match {:.3f} -> {:.3f}; world_chat_format exact match {:.3f} -> {:.3f}".format(
-              m["base/eval/sft_heldout/loss"], m["eval/sft_heldout/loss"],
-              m["base/eval/sft_heldout/exact_match"], m["eval/sft_heldout/exact_match"],
-              m["base/eval/sft_heldout/exact_match_arithmetic"], m["eval/sft_heldout/exact_match_arithmetic"],
-              m["base/eval/sft_heldout/format_match"], m["eval/sft_heldout/format_match"],
+              m["base/eval/sft_test/loss"], m["eval/sft_test/loss"],
+              m["base/eval/sft_test/exact_match"], m["eval/sft_test/exact_match"],
+              m["base/eval/sft_test/exact_match_arithmetic"], m["eval/sft_test/exact_match_arithmetic"],
+              m["base/eval/sft_test/format_match"], m["eval/sft_test/format_match"],
               m["base/eval/world_chat_format/exact_match"], m["eval/world_chat_format/exact_match"]))
-    assert m["sft/sft_heldout/loss_delta"] < -0.5, m
-    assert m["eval/sft_heldout/answered"] >= 150, m
-    assert m["sft/sft_heldout/exact_match_delta"] > 0, m
-    assert m["sft/sft_heldout/exact_match_arithmetic_delta"] > 0, m
-    assert m["sft/sft_heldout/format_match_delta"] > 0.3, m  # the answer's form is learnt first
+    assert m["sft/sft_test/loss_delta"] < -0.5, m
+    assert m["eval/sft_test/answered"] == 100, m  # the test split's single-answer conversations, up to the limit
+    assert m["sft/sft_test/exact_match_delta"] > 0, m
+    assert m["sft/sft_test/exact_match_arithmetic_delta"] > 0, m
+    assert m["sft/sft_test/format_match_delta"] > 0.3, m  # the answer's form is learnt first

@@ -48,9 +48,9 @@ def test_the_comparison_holds_each_variants_logged_scores(ablation):
     client = MlflowClient(tracking_uri=ablation["tracking_uri"])
     logged = {v["name"]: client.get_run(v["run_id"]).data.metrics for v in ablation["variants"]}
     rows = {r["metric"]: r["values"] for r in ablation["comparison"]["rows"]}
-    assert ablation["comparison"]["target"] == "eval/sft_heldout/exact_match" and len(rows) > 5
+    assert ablation["comparison"]["target"] == "eval/sft_dev/exact_match" and len(rows) > 5
     for metric, values in rows.items():
         for name, value in values.items():
             assert logged[name][metric] == pytest.approx(value), (metric, name)
-    fmt = rows["eval/sft_heldout/format_match_format"]
+    fmt = rows["eval/sft_dev/format_match_format"]
     assert fmt["no_format"] <= fmt["with_format"]  # no format conversations: no better at format answers

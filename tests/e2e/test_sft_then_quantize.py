@@ -32,11 +32,11 @@ def test_the_stage_quantizes_the_handed_on_checkpoint_and_reports_its_row(quanti
     summary, proc = quantize_run
     assert [s["stage"] for s in summary["stages"]] == ["pretrain", "sft", "quantize"]
     sft, row = summary["stages"][1], summary["stages"][2]
-    assert row["metric"] == "quant/heldout/exact_match" and row["note"].endswith("effective bits")
+    assert row["metric"] == "quant/test/exact_match" and row["note"].endswith("effective bits")
     m = row["metrics"]
     assert m["effective_bits"] <= 6.0 + 1e-9 and m["recounted_bits"] == pytest.approx(m["effective_bits"])
-    assert abs(m["delta/heldout/exact_match"]) <= 0.02, m  # the reloaded export scores like BF16 at 6 bits
-    assert row["before"] == pytest.approx(m["bf16/heldout/exact_match"])
+    assert abs(m["delta/test/exact_match"]) <= 0.02, m  # the reloaded export scores like BF16 at 6 bits
+    assert row["before"] == pytest.approx(m["bf16/test/exact_match"])
     export = Path(row["checkpoint"])
     plan = json.loads((export / "stagewise_quant.json").read_text())
     assert plan["source"] == sft["checkpoint"]
@@ -63,11 +63,11 @@ def test_a_lower_budget_gives_fewer_bits_and_no_better_accuracy(quantize_run, cl
                "--recipe", str(cli.tiny), *cli.sets(*tiny_pretrain_sets(summary)), "--json")
     low = cli.summary(proc)
     assert low["effective_bits"] < stage["effective_bits"] <= 6.0 + 1e-9
-    assert low["bf16"]["heldout/exact_match"] == pytest.approx(stage["bf16/heldout/exact_match"])  # same scoring
+    assert low["bf16"]["test/exact_match"] == pytest.approx(stage["bf16/test/exact_match"])  # same scoring
     # no better beyond noise: the search is greedy per operator, so on this tiny model fewer bits scored a
     # held-out loss 0.09% lower once (1.01502 against 1.01590, one thread per worker): 0.2% is the noise
-    assert low["quantized"]["heldout/loss"] >= stage["quantized/heldout/loss"] * (1 - 0.002)
-    assert low["quantized"]["heldout/exact_match"] <= stage["quantized/heldout/exact_match"] + 0.011
+    assert low["quantized"]["test/loss"] >= stage["quantized/test/loss"] * (1 - 0.002)
+    assert low["quantized"]["test/exact_match"] <= stage["quantized/test/exact_match"] + 0.011
     assert {"effective_bits", "formats", "deltas", "bf16", "quantized", "flop_share", "table"} <= set(low)  # --json's promise
     assert low["recounted_bits"] == pytest.approx(low["effective_bits"])
     assert (tmp_path / "q4.8" / "hf_quant_config.json").exists()

@@ -57,7 +57,7 @@ def test_each_teacher_is_its_checkpoint_and_the_trained_one_starts_where_the_stu
     assert teacher.data.tags["mlflow.parentRunId"] == distill.info.run_id
     # trained on its own domain only (and scored by the distill run, not by itself)
     assert {k for k in teacher.data.metrics if k.startswith("rl/train_accuracy/")} == {"rl/train_accuracy/format"}
-    assert not any(k.startswith("rl/heldout/") for k in teacher.data.metrics)
+    assert not any(k.startswith(("rl/test/", "rl/dev/")) for k in teacher.data.metrics)
     round1 = _one(runs, "distill/round-1")
     assert round1.data.tags["mlflow.parentRunId"] == distill.info.run_id
     steps = len(_history(client, round1, "distill/reverse_kl"))
@@ -79,18 +79,18 @@ def test_the_student_gains_what_its_teachers_gained(distill_run):
     summary, client, runs = distill_run
     m = summary["stages"][3]["metrics"]
     print("distill " + ", ".join(
-        f"{d}: student {m[f'base/distill/heldout/student/pass_at_1/{d}']:.3f} -> "
-        f"{m[f'distill/heldout/student/pass_at_1/{d}']:.3f}, teacher {m[f'distill/heldout/teacher/pass_at_1/{d}']:.3f}"
+        f"{d}: student {m[f'base/distill/test/student/pass_at_1/{d}']:.3f} -> "
+        f"{m[f'distill/test/student/pass_at_1/{d}']:.3f}, teacher {m[f'distill/test/teacher/pass_at_1/{d}']:.3f}"
         for d in ("arithmetic", "format")))
     for d in ("arithmetic", "format"):
         assert m[f"distill/teacher_gain/{d}"] > 0, m  # the RL teacher beats the student's start on its domain
         assert f"distill/recovered/{d}" in m
-    assert m["distill/heldout/student/pass_at_1/all"] > m["base/distill/heldout/student/pass_at_1/all"], m
+    assert m["distill/test/student/pass_at_1/all"] > m["base/distill/test/student/pass_at_1/all"], m
     distill = _one(runs, "distill")
-    assert [s for s, _ in _history(client, distill, "distill/heldout/student/pass_at_1/all")] == [0, 1]
+    assert [s for s, _ in _history(client, distill, "distill/test/student/pass_at_1/all")] == [0, 1]
     assert m["distill/retained"] in (0.0, 1.0) and "distill/chat/worst_delta" in m
     row = summary["stages"][3]
-    assert row["metric"] == "distill/heldout/student/pass_at_1/all" and row["after"] > row["before"]
+    assert row["metric"] == "distill/test/student/pass_at_1/all" and row["after"] > row["before"]
 
 
 @pytest.mark.slow
@@ -116,4 +116,4 @@ def test_a_second_round_retrains_the_teachers_from_the_first_rounds_student(tiny
     assert round2.data.tags["mlflow.parentRunId"] == next(r for r in runs if r.info.run_name == "distill").info.run_id
     distill = next(r for r in runs if r.info.run_name == "distill")
     assert [s for s, _ in sorted((m.step, m.value) for m in client.get_metric_history(
-        distill.info.run_id, "distill/heldout/student/pass_at_1/all"))] == [0, 1, 2]
+        distill.info.run_id, "distill/test/student/pass_at_1/all"))] == [0, 1, 2]

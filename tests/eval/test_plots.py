@@ -18,7 +18,7 @@ from stagewise.eval.plots import (before_after_plot, cutoff_plot, loss_curves, m
                         stage_summary_plot)
 
 DOMAINS = ("arithmetic", "format", "lookup", "recall", "sorting")
-H = "eval/sft_heldout/"
+H = "eval/sft_test/"
 # What SFT reported on the demo (README): counts of thousands beside rates of a few hundredths.
 BASE = {H + "answered": 382.0, H + "exact_match": 0.0, **{f"{H}exact_match_{d}": 0.0 for d in DOMAINS},
         H + "format_match": 0.0, **{f"{H}format_match_{d}": 0.0 for d in DOMAINS}, H + "loss": 5.46,
@@ -36,7 +36,7 @@ ROWS = [
      "tokens": 0, "seconds": 35.0},
     {"stage": "long_context", "metric": "eval/loss/2048", "before": 3.1, "after": 3.077, "higher_is_better": False,
      "tokens": 300_000, "seconds": 160.0},
-    {"stage": "sft", "metric": "eval/sft_heldout/exact_match", "before": 0.0, "after": 0.055,
+    {"stage": "sft", "metric": "eval/sft_test/exact_match", "before": 0.0, "after": 0.055,
      "higher_is_better": True, "tokens": 90_000, "seconds": 140.0},
 ]
 
@@ -88,7 +88,7 @@ def test_metric_kinds():
     assert {metric_kind(k) for k in COUNTS} == {"count"}
     assert metric_kind(H + "loss") == metric_kind("eval/loss/2048") == metric_kind("merge/handed_on_loss") == "loss"
     assert metric_kind("eval/gsm8k/exact_match/strict-match") == "rate"
-    assert metric_kind("sft/sft_heldout/exact_match_delta", -0.2) == "score"  # a delta may leave [0, 1]
+    assert metric_kind("sft/sft_test/exact_match_delta", -0.2) == "score"  # a delta may leave [0, 1]
     assert metric_kind("train/lr") == "score"
 
 
@@ -101,7 +101,7 @@ def test_before_after_puts_rates_losses_and_counts_on_separate_axes(save):
     assert rates.get_xlim() == (0.0, 1.0)
     assert all(0.0 <= v <= 1.0 for v in values(rates, "x"))
     assert names_on(counts) == {"answered", "supervised_tokens"}  # the shared task name is in the panel title
-    assert counts.get_title(loc="left") == "counts (not scores) - sft_heldout"
+    assert counts.get_title(loc="left") == "counts (not scores) - sft_test"
     assert max(values(counts, "x")) == 18800.0 and max(values(rates, "x")) < 1.0
     assert 18800.0 not in values(rates, "x") and 18800.0 not in values(losses, "x")
     assert sorted(set(values(losses, "x"))) == [1.02, 5.46]

@@ -45,6 +45,9 @@ def test_plan_scales_every_sub_stage_and_keeps_the_variant_override(start):
         assert plan.recipe(name).model.from_ == str(Path(start).resolve())
     assert plan.recipe("off").stages.sft.stages[0].blend.weights["format"] == 0
     assert plan.recipe("base").stages.sft.stages[0].blend.weights["format"] == full[0].blend.weights["format"]
+    # a gate's targets are the whole budget's: a variant at a tenth of it trains without (tiny gates stage 1)
+    assert full[0].gate is not None and all(s.gate is None for s in plan.recipe("base").stages.sft.stages)
+    assert plan_ablation(TINY, "sft", ["a", "b"], budget=1.0, start=start).recipe("a").stages.sft.stages[0].gate
 
 
 def test_a_variant_sets_its_own_budget(start):

@@ -9,12 +9,12 @@ from stagewise.store.refs import CheckpointRef
 
 
 def test_deltas_are_final_minus_base_for_scores_only():
-    base = {"eval/world_chat_format/exact_match": 0.1, "eval/sft_heldout/loss": 3.5, "eval/sft_heldout/answered": 80.0,
-            "eval/sft_heldout/supervised_tokens": 8000.0, "eval/only_base/x": 1.0}
-    final = {"eval/world_chat_format/exact_match": 0.25, "eval/sft_heldout/loss": 1.5, "eval/sft_heldout/answered": 80.0,
-             "eval/sft_heldout/supervised_tokens": 8000.0}
+    base = {"eval/world_chat_format/exact_match": 0.1, "eval/sft_test/loss": 3.5, "eval/sft_test/answered": 80.0,
+            "eval/sft_test/supervised_tokens": 8000.0, "eval/only_base/x": 1.0}
+    final = {"eval/world_chat_format/exact_match": 0.25, "eval/sft_test/loss": 1.5, "eval/sft_test/answered": 80.0,
+             "eval/sft_test/supervised_tokens": 8000.0}
     assert deltas(base, final) == pytest.approx({"sft/world_chat_format/exact_match_delta": 0.15,
-                                                 "sft/sft_heldout/loss_delta": -2.0})
+                                                 "sft/sft_test/loss_delta": -2.0})
 
 
 class FakeTracker:
@@ -28,10 +28,10 @@ class FakeTracker:
 def test_scores_evaluate_each_weights_once_and_copy_to_other_runs(monkeypatch):
     calls = []
 
-    def fake_heldout(ref, path, pack_size, limit, tracker, run_id, device, switch):
-        calls.append(("heldout", ref.path, run_id))
-        tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, {"eval/sft_heldout/loss": 2.0})])
-        return {"eval/sft_heldout/loss": 2.0}
+    def fake_heldout(ref, path, split, seed, pack_size, limit, tracker, run_id, device, switch):
+        calls.append(("heldout", split, ref.path, run_id))
+        tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, {f"eval/sft_{split}/loss": 2.0})])
+        return {f"eval/sft_{split}/loss": 2.0}
 
     def fake_suite(ref, tasks, limit, tracker, run_id, device):
         calls.append(("suite", tuple(tasks), limit))
@@ -41,16 +41,32 @@ def test_scores_evaluate_each_weights_once_and_copy_to_other_runs(monkeypatch):
     monkeypatch.setattr("stagewise.flows.sft.heldout_task", fake_heldout)
     monkeypatch.setattr("stagewise.flows.sft.suite_task", fake_suite)
     tracker = FakeTracker()
-    scores = Scores(tracker, "/heldout.jsonl", 40, 512)
+    scores = Scores(tracker, "/heldout.jsonl", 40, 512, seed=7)
     ckpt = CheckpointRef(path="/ck/sub/step-00000010", step=10, tokens_seen=40960, sha256="abc")
-    assert scores(ckpt, ["t"], 8, "sub-run") == {"eval/sft_heldout/loss": 2.0, "eval/t/exact_match": 0.5}
-    # the stage run scores the same weights after the sub-stage: a copy at its own step, no new evaluation
+    # a sub-stage's mark (its gate's evaluation) reads dev only
+    assert scores(ckpt, ["t"], 8, "sub-run", splits=("dev",)) == {"eval/sft_dev/loss": 2.0, "eval/t/exact_match": 0.5}
+    # the stage run scores the same weights after the sub-stage on both splits: dev is a copy at its own
+    # step, test (not scored before) is the one new evaluation
     same_weights = ckpt.model_copy(update={"path": "/elsewhere"})
-    assert scores(same_weights, ["t"], 8, "stage-run", at=(25, 90000))["eval/t/exact_match"] == 0.5
-    assert [c[0] for c in calls] == ["heldout", "suite"]
+    both = scores(same_weights, ["t"], 8, "stage-run", at=(25, 90000))
+    assert both == {"eval/sft_dev/loss": 2.0, "eval/sft_test/loss": 2.0, "eval/t/exact_match": 0.5}
+    assert [c[:2] for c in calls] == [("heldout", "dev"), ("suite", ("t",)), ("heldout", "test")]
     assert ("stage-run", 25, 90000, {"eval/t/exact_match": 0.5}) in tracker.logged
+    assert ("stage-run", 25, 90000, {"eval/sft_dev/loss": 2.0}) in tracker.logged
     scores(same_weights, ["t"], 20, "stage-run")  # another limit is another evaluation
     assert calls[-1] == ("suite", ("t",), 20)
-    no_heldout = Scores(FakeTracker(), None, 40, 512)
+    no_heldout = Scores(FakeTracker(), None, 40, 512, seed=7)
     assert no_heldout(ckpt, None, None, "r") == {}
 
+
+
+def test_the_closing_table_row_says_what_each_substage_gate_decided():
+    from stagewise.flows.sft import gate_note
+
+    held = {"action": "stop", "held": True, "tokens_seen": 614_400, "reason": "rule held at step 300: ..."}
+    assert gate_note("stage1", held, 983_040) == "stage1 gate: stop at 614,400 of 983,040 tokens (rule held)"
+    budget = {"action": "stop", "held": False, "tokens_seen": 983_040,
+              "reason": "budget exhausted at 983040 tokens, rule not held (eval/sft_dev/exact_match = 0.3 >= 0.5)"}
+    assert gate_note("s", budget, 983_040).endswith("(budget exhausted, rule not held)")
+    plateau = {"action": "stop", "held": False, "tokens_seen": 10, "reason": "plateau: eval/sft_dev/loss has not ..."}
+    assert gate_note("s", plateau, 20).endswith("(plateau)")

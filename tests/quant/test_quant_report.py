@@ -14,8 +14,8 @@ def _report():
     plan = Plan(formats={"a": "fp8", "b": "nvfp4", "lm_head": "bf16"}, searched=["a", "b"], method="test",
                 scores={"a": {"fp8": 0.1, "nvfp4": 0.5, "bf16": 0.0}})
     flops = {"a": 600.0, "b": 300.0, "lm_head": 100.0}
-    return build_report(plan, ops, flops, 5.666666, {"heldout/exact_match": 0.5, "heldout/loss": 1.0},
-                        {"heldout/exact_match": 0.45, "heldout/loss": 1.1}, "cpu")
+    return build_report(plan, ops, flops, 5.666666, {"test/exact_match": 0.5, "test/loss": 1.0},
+                        {"test/exact_match": 0.45, "test/loss": 1.1}, "cpu")
 
 
 def test_report_figures():
@@ -24,7 +24,7 @@ def test_report_figures():
     assert r["effective_bits_all"] == pytest.approx((300 * 8 + 600 * 4.5 + 100 * 16) / 1000)
     assert r["flop_share"] == pytest.approx({"fp8": 0.6, "nvfp4": 0.3, "bf16": 0.1})
     assert r["weight_share"] == pytest.approx({"fp8": 0.3, "nvfp4": 0.6, "bf16": 0.1})
-    assert r["deltas"] == pytest.approx({"heldout/exact_match": -0.05, "heldout/loss": 0.1})
+    assert r["deltas"] == pytest.approx({"test/exact_match": -0.05, "test/loss": 0.1})
     assert r["emulated"] is True and r["table"][0]["sensitivity"] == {"fp8": 0.1, "nvfp4": 0.5, "bf16": 0.0}
     assert "5.67 effective bits" in summary_lines(r)[0]
 

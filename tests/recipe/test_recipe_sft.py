@@ -99,12 +99,26 @@ def test_keep_previous_on_the_first_substage(recipe):
 
 
 def test_unknown_suites_at_stage_substage_and_gate(recipe):
-    gate = "{suite: chatt, eval_every_tokens: 4096, all: [{metric: eval/sft_heldout/loss, op: '<', value: 1}]}"
+    gate = "{suite: chatt, eval_every_tokens: 4096, all: [{metric: eval/sft_dev/loss, op: '<', value: 1}]}"
     got = problems(recipe, "stages.sft.eval_suite=cht", f"stages.sft.stages[1].gate={gate}",
                    "stages.sft.stages[0].eval_suite=nope")
     paths = sorted(p.split(":")[0] for p in got)
     assert paths == ["stages.sft.eval_suite", "stages.sft.stages[0].eval_suite", "stages.sft.stages[1].gate.suite"]
     assert any("unknown eval suite 'cht'; did you mean chat?" in p for p in got)
+
+
+@pytest.mark.parametrize("metric, where", [("eval/sft_test/exact_match", "all"), ("rl/test/pass_at_1/all", "guards")])
+def test_a_gate_on_a_test_metric_is_refused_naming_its_dev_twin(recipe, metric, where):
+    """Gates decide, so they read dev: the test split is reported, never tuned on (eval/splits.py)."""
+    rule = (f"all: [{{metric: {metric}, op: '>', value: 0.1}}]" if where == "all"
+            else f"all: [{{metric: eval/sft_dev/loss, op: '<', value: 9}}], guards: [{{metric: {metric}, max_drop: 0.1}}]")
+    got = problems(recipe, f"stages.sft.stages[1].gate={{suite: chat, eval_every_tokens: 4096, {rule}}}")
+    dev = metric.replace("/test/", "/dev/").replace("_test/", "_dev/")
+    assert got == [f"stages.sft.stages[1].gate: reads {metric!r}, a test-split metric: gates decide on dev ({dev!r}); "
+                   f"test is reported, never tuned on (--set stages.sft.stages[1].gate={{suite: chat, "
+                   f"eval_every_tokens: 4096, {rule}}})"]
+    load_recipe(recipe, ["stages.sft.stages[1].gate={suite: chat, eval_every_tokens: 4096, "
+                         "all: [{metric: eval/sft_dev/exact_match, op: '>', value: 0.1}]}"])  # dev: loads
 
 
 def test_world_paths_checked(recipe):

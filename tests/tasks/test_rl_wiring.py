@@ -95,12 +95,12 @@ def test_heldout_scores_are_read_back_for_the_same_weights_only(tmp_path, tokeni
     gen, tracker, ids = _CountingGenerator(tokenizer), _Tracker(), [t.id for t in tasks]
     score = lambda weights, prefix: heldout_eval_task.fn(  # noqa: E731
         gen, wiring, ids, 2, 4, 1.0, 0, tracker, "run", (0, 0), prefix=prefix, cache=ScoresCache(str(tmp_path), weights))
-    first = score("sha-a", "rl/heldout")
-    assert first["rl/heldout/pass_at_1/a"] == 0.5 and gen.calls == 2  # sampled + greedy
-    again = score("sha-a", "distill/heldout/student")
+    first = score("sha-a", "rl/test")
+    assert first["rl/test/pass_at_1/a"] == 0.5 and gen.calls == 2  # sampled + greedy
+    again = score("sha-a", "distill/test/student")
     assert gen.calls == 2  # read back, not generated
-    assert again == {k.replace("rl/heldout", "distill/heldout/student"): v for k, v in first.items()}
+    assert again == {k.replace("rl/test", "distill/test/student"): v for k, v in first.items()}
     assert tracker.logged[-1][2] == again  # logged under the caller's prefix
-    score("sha-b", "rl/heldout")
+    score("sha-b", "rl/test")
     assert gen.calls == 4  # other weights: scored
     assert len(list(tmp_path.glob("heldout-*/scores.json"))) == 2

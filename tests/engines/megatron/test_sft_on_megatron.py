@@ -23,6 +23,8 @@ SETS = [  # stage1: 2 steps of 2 packs x 512 tokens; stage2: 2 steps of 2 x 1024
     "stages.sft.stages[0].schedule.warmup_tokens=1024",
     "stages.sft.stages[1].tokens=4096", "stages.sft.stages[1].seq_length=1024", "stages.sft.stages[1].micro_batch=1",
     "stages.sft.stages[1].schedule.warmup_tokens=2048", "stages.sft.stages[1].normalization=token",
+    # a gate at stage 1's end (the only kind a launched sub-stage takes): read from the export's evaluation
+    "stages.sft.stages[0].gate={eval_every_tokens: 2048, all: [{metric: eval/sft_dev/loss, op: '>', value: 0}]}",
 ]
 
 
@@ -55,7 +57,10 @@ def test_each_sub_stage_trains_its_conversations_on_megatron_and_the_last_export
 
     assert "<|im_start|>" in AutoTokenizer.from_pretrained(ckpt).chat_template  # the chat start's tokenizer
     assert len(list(ckpt.glob("*.safetensors"))) == 1  # the export's weights only, not the start's as well
-    assert "eval/sft_heldout/loss" in result["metrics"]  # scored by us on the handed-on export
+    assert "eval/sft_test/loss" in result["metrics"] and "eval/sft_dev/loss" in result["metrics"]  # scored by us on the handed-on export
+    gate = result["gate"]  # stage 1's gate decided on its export's dev evaluation, after the launch
+    assert (gate["substage"], gate["action"], gate["held"], gate["tokens_seen"]) == ("stage1", "stop", True, 2048), gate
+    assert result["note"] == "stage1 gate: stop at 2,048 of 2,048 tokens (rule held)"
 
     stage1, stage2 = (next((workdir / "stages").glob(f"sft-{n}-*")) for n in ("stage1", "stage2"))
     from stagewise.store.steps import finished as record

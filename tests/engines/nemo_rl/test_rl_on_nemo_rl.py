@@ -59,7 +59,7 @@ def test_rl_trains_on_nemo_rl_and_the_adopted_export_is_scored_and_handed_on(fin
 
     start, export = (load_file(next(p.glob("*.safetensors"))) for p in (tiny_checkpoint, ckpt))
     assert start.keys() == export.keys() and any((start[k] != export[k]).any() for k in start)  # the export's weights
-    for key in ("rl/heldout/pass_at_1/all", "base/rl/heldout/pass_at_1/all", "rl/heldout/pass_at_1/all_delta"):
+    for key in ("rl/test/pass_at_1/all", "base/rl/test/pass_at_1/all", "rl/test/pass_at_1/all_delta", "rl/dev/pass_at_1/all"):
         assert key in result["metrics"], result["metrics"]  # scored by us, before and on the adopted export
 
     stage = ckpt.parent

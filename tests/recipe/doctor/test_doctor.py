@@ -198,7 +198,7 @@ def test_gate_metrics_no_evaluation_logs(tmp_path):
 
 
 def test_sft_gates_know_the_held_out_names_and_skip_standard_tasks(tmp_path):
-    conds = "{metric: eval/sft_heldout/exact_match_arithmetic, op: '>', value: 0.1}, {metric: eval/hellaswag/acc, op: '>', value: 0}"
+    conds = "{metric: eval/sft_dev/exact_match_arithmetic, op: '>', value: 0.1}, {metric: eval/hellaswag/acc, op: '>', value: 0}"
     gate = GATE.format(conds=conds, guard="eval/validation/loss").replace("suite: chat", "suite: std")
     hs = tmp_path / "hellaswag"  # a standard task runs on the team's own files (eval/standard_tasks.py)
     hs.mkdir()
