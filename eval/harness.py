@@ -205,14 +205,51 @@ def terminal_prints():
     with `dis.dis` into a stdout it has redirected to a buffer; with the swap, that disassembly
     (`LOAD_GLOBAL (pa)` ...) became dozens of lines in the flow run's log and dill read an empty
     buffer. lm-eval's progress bars (tqdm) never pass through `print`: they write to stderr,
-    the terminal. So during an evaluation every library print goes where it was aimed.
+    the terminal. So during an evaluation every library print goes where it was aimed, and with
+    TQDM_DISABLE set (a quiet `stagewise run`: cli/run_log.py) lm-eval's bars, which pass tqdm's
+    `disable` themselves and so ignore it, are dropped (`library_bars_off`).
     """
     swapped = builtins.print
     builtins.print = _terminal_print
     try:
-        yield
+        with library_bars_off():
+            yield
     finally:
         builtins.print = swapped
+
+
+class _StderrLines:
+    """A stderr for libraries: progress-bar redraws are dropped, other lines go to the `lm_eval.stderr`
+    logger (so a run's log file keeps them)."""
+
+    def __init__(self) -> None:
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            line = line.rsplit("\r", 1)[-1].strip()
+            if line and not ("it/s]" in line or "s/it]" in line or "%|" in line):
+                logging.getLogger("lm_eval.stderr").warning(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def library_bars_off():
+    """Inside, with TQDM_DISABLE set: `sys.stderr` drops progress bars (tqdm's default stream), which
+    libraries that pass tqdm's `disable` (lm-eval's request loops, modelopt's scoring) draw anyway.
+    Without TQDM_DISABLE (a `--verbose` run, a notebook), nothing changes."""
+    import os
+
+    if os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes"):
+        yield
+        return
+    with contextlib.redirect_stderr(_StderrLines()):
+        yield
 
 
 def _plain(obj: Any) -> Any:

@@ -4,7 +4,7 @@ in an SFT sub-stage and once in RL (whose pending one-step off-policy batch is p
 
 Kept cheap: one workdir for the module (a small world, prepared once), 12 short pretraining
 steps in two phases (checkpoints every 4 steps) and a 12-step SFT stage 1 on a small
-conversation world with no benchmark suite. The uninterrupted run goes first; the stage's step
+conversation world with no benchmark suite and no gate. The uninterrupted run goes first; the stage's step
 directories are then moved aside, so the killed run trains the same directories from scratch
 and the comparison is between two complete runs of the same recipe (every step directory of
 the stage: for SFT both sub-stages). A kill that came too late (no checkpoint short of the
@@ -46,6 +46,7 @@ SFT = [
     "stages.sft.stages[1].tokens=8192", "stages.sft.stages[1].schedule.warmup_tokens=4096",
     "stages.sft.data.world.per_domain=150", "stages.sft.data.world.long_context=6",
     "stages.sft.data.heldout_limit=4", "stages.sft.eval_suite=null",
+    "stages.sft.stages[0].gate=null",  # the recipe's gate wants a full stage 1; resuming is what is tested here
 ]
 
 RL = [  # 12 GRPO steps of 4 prompts x 4 rollouts, one-step off-policy, checkpoints every 3 steps
