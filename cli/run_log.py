@@ -11,7 +11,8 @@ So unless `--verbose`, the terminal keeps
     caller: `tasks.policy.run_logger`) at INFO and above;
     Prefect's own records at WARNING and above;
 
-and drops library progress bars (tqdm, which they all use; ours are rich). Nothing is lost:
+and drops library progress bars (tqdm, which they all use; ours are rich) and library `print`s
+(modelopt announces every quantizer it inserts that way). Nothing is lost:
 every record, shown or not, library warnings included (`warnings` is routed through logging),
 goes to `<workdir>/logs/<UTC time>-<pid>.log`, and the Prefect UI still has every run line. A
 rollout worker process (model/rollout/process.py) writes its stderr to the same file
@@ -20,12 +21,18 @@ rollout worker process (model/rollout/process.py) writes its stderr to the same 
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
+import re
+import sys
 import time
 from pathlib import Path
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+LIBRARIES_THAT_PRINT = ("modelopt", "transformers", "accelerate", "peft", "datasets", "lm_eval", "torch")
+"""Top-level packages whose `print` calls a quiet run sends to the log file (`<package>.print` logger)."""
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 WORKER_STDERR_ENV = "STAGEWISE_WORKER_STDERR"
 """A file a worker process appends its stderr to (read by model/rollout/process.py)."""
 
@@ -62,6 +69,29 @@ def quiet_libraries(verbose: bool) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+def library_prints_to_log() -> None:
+    """From now on, `print` called by a module of LIBRARIES_THAT_PRINT (to stdout) logs its text at INFO
+    to the `<package>.print` logger instead: the log file keeps it, the terminal filter drops it.
+    Everyone else's print, ours and a user's, prints. Idempotent."""
+    shown = builtins.print
+    if getattr(shown, "library_prints_to_log", False):
+        return
+
+    def print_or_log(*values: object, sep: str | None = " ", end: str | None = "\n", file=None, flush: bool = False):
+        package = sys._getframe(1).f_globals.get("__name__", "").split(".")[0]
+        if package in LIBRARIES_THAT_PRINT and (file is None or file is sys.stdout):
+            text = _ANSI.sub("", (" " if sep is None else sep).join(map(str, values))).strip()
+            if text:
+                logger = logging.getLogger(f"{package}.print")
+                logger.setLevel(logging.INFO)
+                logger.info(text)
+            return
+        shown(*values, sep=sep, end=end, file=file, flush=flush)
+
+    print_or_log.library_prints_to_log = True  # type: ignore[attr-defined]
+    builtins.print = print_or_log
+
+
 def start_run_log(workdir: str | Path, verbose: bool) -> Path:
     """Route every record to a new log file under `<workdir>/logs/` and, unless `verbose`, filter the
     terminal by TerminalFilter. Returns the log file's path. Called once the run's input has passed
@@ -84,6 +114,7 @@ def start_run_log(workdir: str | Path, verbose: bool) -> Path:
     to_file.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     if not verbose:
+        library_prints_to_log()
         os.environ[WORKER_STDERR_ENV] = str(path)
         for handler in root.handlers:
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):

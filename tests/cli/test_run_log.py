@@ -50,6 +50,8 @@ def work():
     import tqdm
     for _ in tqdm.tqdm(range(3), desc="A LIBRARY BAR"):
         pass
+    from modelopt.torch.utils.logging import print_rank_0
+    print_rank_0("\x1b[1mA MODELOPT PRINT\x1b[0m")
 
 @flow
 def pipeline():
@@ -78,3 +80,5 @@ def test_a_quiet_run_keeps_the_rest_in_the_log_file(tmp_path, verbose):
         assert line in proc.stderr
     for line in (*library, "A LIBRARY BAR"):
         assert (line in proc.stderr) is verbose, (line, proc.stderr)
+    # a library's print: on the terminal only when verbose, else in the log file (colour codes stripped)
+    assert ("A MODELOPT PRINT" in proc.stdout) is verbose and ("A MODELOPT PRINT" in kept) is not verbose
