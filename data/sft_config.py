@@ -39,10 +39,11 @@ class CurateConfig(StrictConfig):
     num_perm: int = Field(128, ge=4)
     """MinHash permutations P (signature length)."""
     bands: int | None = Field(None, ge=1)
-    """LSH bands b, each of r = P // b rows; default: the b minimising 0.1 x false positives
-    + 0.9 x false negatives around the threshold (candidates are verified, so recall first)."""
+    """LSH bands b, each of r = P // b rows; default: the b dividing P minimising 0.1 x false
+    positives + 0.9 x false negatives around the threshold (candidates are verified, so recall
+    first): 16 x 8 at P = 128 and threshold 0.8."""
     minhash_seed: int = 1
-    """Seed of the universal hash functions (same seed, same signatures)."""
+    """Seed of the MinHash hash functions (same seed, same signatures)."""
     max_chars: int | None = Field(200_000, gt=0)
     """Reject conversations whose rendered text is longer than this many characters (None: no limit)."""
     max_tokens: int | None = Field(None, gt=0)

@@ -2,21 +2,24 @@
 
 Both are streaming and keep the first occurrence: a later sample is rejected when it
 duplicates one already kept. A near-duplicate candidate from the LSH buckets is only
-rejected when its estimated Jaccard similarity (fraction of equal MinHash entries) with
-a kept sample is at least the configured threshold, so bucket collisions between
-dissimilar texts do not cost data.
+rejected when its exact Jaccard similarity with a kept sample (of their word-shingle hash
+sets) is at least the configured threshold, so neither a bucket collision nor a MinHash
+estimate that happens to land high costs data. (Verified by the estimate, 3 of 1,103 demo
+format conversations at an exact 0.71 were rejected at a threshold of 0.8.) The kept samples'
+shingle sets stay in memory, about as large as their texts, which curation holds anyway.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from stagewise.data.curate.minhash import LSHIndex, MinHasher, jaccard_estimate, optimal_bands, shingle_hashes
+from stagewise.data.curate.minhash import LSHIndex, colliding_rows, digest_rows, optimal_bands, shingles
 from stagewise.data.curate.structural import Rejected
-from stagewise.data.curate.text import normalise, words
+from stagewise.data.curate.text import normalise
 
 
 class ExactDedup:
@@ -36,55 +39,84 @@ class ExactDedup:
         self.seen[digest] = key
 
 
+class Fingerprint(NamedTuple):
+    """What the near-duplicate check keeps of a sample: its MinHash signature's LSH band keys and its
+    distinct shingle hashes (for the exact Jaccard a candidate is verified by)."""
+
+    bands: list[bytes]
+    shingles: np.ndarray
+
+
+def distinct(hashes: np.ndarray) -> np.ndarray:
+    """The set of these hashes as a sorted array (what `jaccard` compares)."""
+    s = np.sort(hashes)
+    return s[np.r_[True, s[1:] != s[:-1]]] if len(s) else s
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Exact Jaccard similarity of two sets given as sorted arrays of distinct hashes (`distinct`)."""
+    if not len(a) or not len(b):
+        return 1.0 if len(a) == len(b) else 0.0
+    at = np.minimum(np.searchsorted(b, a), len(b) - 1)
+    common = int(np.count_nonzero(b[at] == a))
+    union = len(a) + len(b) - common
+    return common / union if union else 1.0
+
+
 class NearDedup:
-    """MinHash-LSH over word shingles; rejects `near_duplicate` at estimated Jaccard >= threshold."""
+    """MinHash-LSH over word shingles for candidates; rejects `near_duplicate` at exact Jaccard >= threshold."""
 
     def __init__(self, threshold: float, num_perm: int = 128, bands: int | None = None,
                  shingle_size: int = 5, seed: int = 1) -> None:
-        self.threshold, self.shingle_size = threshold, shingle_size
-        self.hasher = MinHasher(num_perm, seed)
+        self.threshold, self.shingle_size, self.num_perm, self.seed = threshold, shingle_size, num_perm, seed
         self.bands = bands or optimal_bands(threshold, num_perm)
         self.index = LSHIndex(num_perm, self.bands)
-        self.sigs: dict[int, np.ndarray] = {}
+        self.kept: dict[int, np.ndarray] = {}
 
-    def signature(self, text: str) -> np.ndarray:
-        return self.hasher.signature(shingle_hashes(words(normalise(text)), self.shingle_size))
+    def fingerprints(self, flat: np.ndarray, offsets: np.ndarray, rows: np.ndarray | None = None) -> Iterator[Fingerprint]:
+        """The fingerprints of a `shingles` batch's texts (only `rows`' when given), in order."""
+        rows = np.arange(len(offsets) - 1) if rows is None else rows
+        keys = self.index.band_keys(digest_rows(flat, offsets, self.num_perm, self.seed, rows))
+        for i, bands in zip(rows.tolist(), keys):
+            yield Fingerprint(bands, distinct(flat[offsets[i]:offsets[i + 1]]))
 
-    def find(self, sig: np.ndarray) -> tuple[int, float] | None:
-        """(key, similarity) of the most similar kept sample at or above the threshold, if any."""
+    def find(self, fp: Fingerprint) -> tuple[int, float] | None:
+        """(key, Jaccard) of the most similar kept sample at or above the threshold, if any."""
         best = None
-        for key in self.index.candidates(sig):
-            sim = jaccard_estimate(sig, self.sigs[key])
+        for key in sorted(self.index.candidates(fp.bands)):
+            sim = jaccard(fp.shingles, self.kept[key])
             if sim >= self.threshold and (best is None or sim > best[1]):
                 best = (key, sim)
         return best
 
-    def check(self, text: str) -> np.ndarray:
-        """Raise Rejected for a near duplicate of a kept sample; else the signature to `add`."""
-        sig = self.signature(text)
-        hit = self.find(sig)
+    def check(self, text: str) -> Fingerprint:
+        """Raise Rejected for a near duplicate of a kept sample; else the fingerprint to `add`."""
+        fp = next(self.fingerprints(*shingles([text], self.shingle_size)))
+        hit = self.find(fp)
         if hit is not None:
-            raise Rejected("near_duplicate", f"estimated Jaccard {hit[1]:.2f} with line {hit[0]}")
-        return sig
+            raise Rejected("near_duplicate", f"Jaccard {hit[1]:.2f} with line {hit[0]}")
+        return fp
 
-    def add(self, key: int, sig: np.ndarray) -> None:
+    def add(self, key: int, fp: Fingerprint) -> None:
         """Index a kept sample under `key`."""
-        self.sigs[key] = sig
-        self.index.insert(key, sig)
+        self.kept[key] = fp.shingles
+        self.index.insert(key, fp.bands)
 
 
 def near_duplicates(texts: Sequence[str], threshold: float, num_perm: int = 128, bands: int | None = None,
                     shingle_size: int = 5, seed: int = 1) -> dict[int, int]:
     """{index of a near duplicate: index of the earlier kept text it duplicates} over a list.
 
-    The same rule as NearDedup.check in a loop, with the signatures computed in batches."""
+    The same rule as NearDedup.check in a loop, with the shingles of all texts found at once and
+    the loop only over the texts that share a band with another (no other text can be a candidate)."""
     dedup = NearDedup(threshold, num_perm, bands, shingle_size, seed)
-    shingles = [shingle_hashes(words(normalise(t)), shingle_size) for t in texts]
+    flat, offsets = shingles(texts, shingle_size)
+    rows = colliding_rows(flat, offsets, num_perm, dedup.bands, seed)
     out = {}
-    for i, sig in enumerate(dedup.hasher.signatures(shingles)):
-        hit = dedup.find(sig)
+    for i, fp in zip(rows.tolist(), dedup.fingerprints(flat, offsets, rows)):
+        hit = dedup.find(fp)
         if hit is not None:
             out[i] = hit[0]
         else:
-            dedup.add(i, sig)
+            dedup.add(i, fp)
     return out

@@ -48,6 +48,11 @@ def conversation_text(conv: dict, tools: bool = True) -> str:
     return "\n".join(lines)
 
 
+def fold(text: str) -> str:
+    """NFKC, lower case: what makes two spellings of a word the same word."""
+    return unicodedata.normalize("NFKC", text).lower()
+
+
 def normalise(text: str) -> str:
-    """NFKC, lower case, whitespace runs collapsed to one space, stripped."""
-    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
+    """The folded text, whitespace runs collapsed to one space, stripped (its words are `fold`'s)."""
+    return _SPACE.sub(" ", fold(text)).strip()

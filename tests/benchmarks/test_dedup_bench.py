@@ -1,0 +1,27 @@
+"""The dedup benchmark runs ours, datasketch and rensa's own LSH on the same planted corpus and reports
+each one's recall, precision and speed ratio (datasketch is in the dev extra)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("datasketch")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_side_finds_the_planted_copies_and_the_ratios_are_theirs(capsys):
+    spec = importlib.util.spec_from_file_location("dedup_bench", ROOT / "benchmarks" / "dedup.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--n", "400", "--repeat", "1", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["documents"] == 400 and r["planted"] == 40 and r["bands"] * r["rows"] == 128
+    for side in ("ours", "datasketch", "rensa_lsh"):
+        assert r[side]["planted_recall"] == 1.0 and r[side]["precision"] == 1.0, side
+    for side in ("datasketch", "rensa_lsh"):
+        assert r[f"speed_ratio_ours_over_{side}"] == pytest.approx(r["ours"]["docs_per_s"] / r[side]["docs_per_s"])
+        assert r[side]["agreement_with_ours"] == 1.0
