@@ -72,16 +72,11 @@ def quality(found: dict[int, int], texts: list[str], planted: dict[int, int]) ->
             "precision": correct / max(len(found), 1)}
 
 
-def datasketch_duplicates(texts: list[str], bands: int) -> dict[int, int]:
-    """The same streaming rule with datasketch's MinHash (update_batch) and MinHashLSH."""
-    from datasketch import MinHash, MinHashLSH
-
-    rows = NUM_PERM // bands
-    lsh = MinHashLSH(num_perm=NUM_PERM, params=(bands, rows))
+def keep_first(minhashes, lsh) -> dict[int, int]:
+    """The streaming rule over (index, MinHash) pairs in order, for a library's MinHash objects
+    (`jaccard`) and LSH index (`query`, `insert`): a duplicate names the most similar kept one."""
     sigs, out = {}, {}
-    for i, text in enumerate(texts):
-        m = MinHash(num_perm=NUM_PERM, seed=1)
-        m.update_batch([s.encode() for s in shingle_strings(text)])
+    for i, m in minhashes:
         hits = [(key, m.jaccard(sigs[key])) for key in lsh.query(m)]
         hits = [h for h in hits if h[1] >= THRESHOLD]
         if hits:
@@ -99,21 +94,25 @@ def shingle_strings(text: str) -> list[str]:
     return [" ".join(toks[j:j + k]) for j in range(len(toks) - k + 1)]
 
 
+def datasketch_duplicates(texts: list[str], bands: int) -> dict[int, int]:
+    """The same streaming rule with datasketch's MinHash (update_batch) and MinHashLSH."""
+    from datasketch import MinHash, MinHashLSH
+
+    def minhash(text: str) -> MinHash:
+        m = MinHash(num_perm=NUM_PERM, seed=1)
+        m.update_batch([s.encode() for s in shingle_strings(text)])
+        return m
+
+    lsh = MinHashLSH(num_perm=NUM_PERM, params=(bands, NUM_PERM // bands))
+    return keep_first(((i, minhash(t)) for i, t in enumerate(texts)), lsh)
+
+
 def rensa_duplicates(texts: list[str]) -> dict[int, int]:
     """The same streaming rule with rensa's own path: its token hashing, RMinHash and RMinHashLSH."""
     from rensa import RMinHash, RMinHashLSH
 
     lsh = RMinHashLSH(THRESHOLD, NUM_PERM, RENSA_BANDS)
-    sigs, out = {}, {}
-    for i, m in enumerate(RMinHash.from_token_sets([shingle_strings(t) for t in texts], NUM_PERM, 1)):
-        hits = [(key, m.jaccard(sigs[key])) for key in lsh.query(m)]
-        hits = [h for h in hits if h[1] >= THRESHOLD]
-        if hits:
-            out[i] = max(hits, key=lambda h: h[1])[0]
-        else:
-            sigs[i] = m
-            lsh.insert(i, m)
-    return out
+    return keep_first(enumerate(RMinHash.from_token_sets([shingle_strings(t) for t in texts], NUM_PERM, 1)), lsh)
 
 
 def timed(fn, *args) -> tuple[dict[int, int], float]:

@@ -258,13 +258,18 @@ def print_table(r: dict) -> None:
                          if r["threads"] > 1 else ""))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 2)[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_demo_inputs(p: argparse.ArgumentParser) -> None:
+    """--checkpoint and --rows, defaulting to what `stagewise demo` leaves (`newest`, `default_rows`)."""
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="start checkpoint (default: newest runs/tiny/stages/sft-stage2-*/step-*)")
     p.add_argument("--rows", type=Path, default=None,
                    help="directory of RL rows: rl_<domain>.jsonl + rl_eval.jsonl (default: newest runs/tiny/rl_world/*/)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_demo_inputs(p)
     p.add_argument("--domains", default="arithmetic,format", help="comma-separated domains to train on")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per mode")
     p.add_argument("--prompts-per-step", type=int, default=16)

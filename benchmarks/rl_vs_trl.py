@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from rl_throughput import default_rows, newest  # noqa: E402
+from rl_throughput import add_demo_inputs, default_rows, newest  # noqa: E402
 
 
 class OutOfTime(StopIteration):
@@ -285,10 +285,7 @@ def print_table(r: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", type=Path, default=None,
-                   help="start checkpoint (default: newest runs/tiny/stages/sft-stage2-*/step-*)")
-    p.add_argument("--rows", type=Path, default=None,
-                   help="RL rows: rl_<domain>.jsonl + rl_eval.jsonl (default: newest runs/tiny/rl_world/*/)")
+    add_demo_inputs(p)
     p.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "tiny.yaml",
                    help="the recipe whose stages.rl block both trainers follow")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

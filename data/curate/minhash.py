@@ -72,14 +72,15 @@ def _mix(h: np.ndarray) -> np.ndarray:
 
 
 CHUNK_CHARS = 1 << 22
-"""Texts are hashed in groups of about this many characters (the power tables' size: 64 MiB)."""
+"""Texts are hashed in groups of about this many characters (the power tables' largest size: 64 MiB)."""
 _tables: dict[str, np.ndarray] = {"powers": np.ones(1, dtype=np.uint64), "inverses": np.ones(1, dtype=np.uint64)}
 
 
 def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """P^i and P^-i mod 2^64 for i < n, computed once per process for the largest n asked."""
+    """P^i and P^-i mod 2^64 for i < n at least, kept for the process (grown by doubling, so a stream
+    of small texts builds small tables and a batch builds its size once)."""
     if len(_tables["powers"]) < n:
-        size = max(n, CHUNK_CHARS)
+        size = max(n, 2 * len(_tables["powers"]))
         _tables["powers"], _tables["inverses"] = _powers(_P, size), _powers(pow(_P, -1, 2**64), size)
     return _tables["powers"], _tables["inverses"]
 

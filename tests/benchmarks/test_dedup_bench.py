@@ -3,20 +3,16 @@ each one's recall, precision and speed ratio (datasketch is in the dev extra).""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
 import pytest
 
+from tests.benchmarks.scripts import load_benchmark
+
 pytest.importorskip("datasketch")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_side_finds_the_planted_copies_and_the_ratios_are_theirs(capsys):
-    spec = importlib.util.spec_from_file_location("dedup_bench", ROOT / "benchmarks" / "dedup.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("dedup")
     bench.main(["--n", "400", "--repeat", "1", "--json"])
     r = json.loads(capsys.readouterr().out)
     assert r["documents"] == 400 and r["planted"] == 40 and r["bands"] * r["rows"] == 128

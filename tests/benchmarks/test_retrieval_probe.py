@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import load_benchmark
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("retrieval_probe", ROOT / "benchmarks" / "retrieval_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("retrieval_probe")
 
 
 def test_probe_reports_copy_ratio_and_needle_accuracy_per_evaluation(capsys):

@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import load_benchmark
+
 SMALL = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "4",
          "--heldout", "4", "--heldout-samples", "2", "--threads", "1", "--device", "cpu"]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("rl_throughput", ROOT / "benchmarks" / "rl_throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    from stagewise.data.world.rl_rows import generate_rl_world
-
-    out = tmp_path_factory.mktemp("rl_rows")
-    generate_rl_world(out, seed=3, per_domain=24, eval_fraction=0.3, n_entities=40)
-    return out
-
-
-def test_all_modes_run_the_same_steps_and_the_table_shows_their_ratios(tiny_checkpoint, rows, capsys, monkeypatch):
-    bench = _bench()
-    assert bench.main(["--checkpoint", str(tiny_checkpoint), "--rows", str(rows), *SMALL, "--json"]) == 0
+def test_all_modes_run_the_same_steps_and_the_table_shows_their_ratios(tiny_checkpoint, rl_rows, capsys, monkeypatch):
+    bench = load_benchmark("rl_throughput")
+    assert bench.main(["--checkpoint", str(tiny_checkpoint), "--rows", str(rl_rows), *SMALL, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     sync, off, proc = (result["modes"][m] for m in ("sync", "off-policy", "off-policy-process"))
     for m in (sync, off, proc):
@@ -52,12 +35,12 @@ def test_all_modes_run_the_same_steps_and_the_table_shows_their_ratios(tiny_chec
     assert f"off-policy, process / sync: tokens/s {result['ratio_tokens_per_s_process']:.2f}x" in table
 
 
-def test_missing_inputs_exit_2_saying_what_to_do(tiny_checkpoint, rows, tmp_path, capsys, monkeypatch):
-    bench = _bench()
+def test_missing_inputs_exit_2_saying_what_to_do(tiny_checkpoint, rl_rows, tmp_path, capsys, monkeypatch):
+    bench = load_benchmark("rl_throughput")
     monkeypatch.setattr(bench, "newest", lambda *a, **k: None)
-    assert bench.main(["--rows", str(rows)]) == 2
+    assert bench.main(["--rows", str(rl_rows)]) == 2
     assert "stagewise demo" in capsys.readouterr().err
     assert bench.main(["--checkpoint", str(tiny_checkpoint), "--rows", str(tmp_path)]) == 2
     assert f"--rows {tmp_path}: missing rl_arithmetic.jsonl, rl_format.jsonl, rl_eval.jsonl" in capsys.readouterr().err
-    assert bench.main(["--checkpoint", str(tmp_path), "--rows", str(rows)]) == 2
+    assert bench.main(["--checkpoint", str(tmp_path), "--rows", str(rl_rows)]) == 2
     assert "not a checkpoint" in capsys.readouterr().err

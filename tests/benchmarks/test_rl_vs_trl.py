@@ -3,38 +3,21 @@ their held-out gains per minute and the ratio (dev-only: it needs `trl`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.benchmarks.scripts import load_benchmark
+
 pytest.importorskip("trl")
 
-ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--budget-s", "0.5", "--heldout-samples", "2", "--threads", "1", "--device", "cpu",
          "--set", "stages.rl.prompts_per_step=2", "--set", "stages.rl.rollout.max_new_tokens=4"]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("rl_vs_trl", ROOT / "benchmarks" / "rl_vs_trl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    from stagewise.data.world.rl_rows import generate_rl_world
-
-    out = tmp_path_factory.mktemp("rl_rows")
-    generate_rl_world(out, seed=3, per_domain=24, eval_fraction=0.3, n_entities=40)
-    return out
-
-
-def test_both_trainers_train_for_the_budget_and_the_ratio_is_theirs(tiny_checkpoint, rows, capsys):
-    bench = _bench()
-    assert bench.main(["--checkpoint", str(tiny_checkpoint), "--rows", str(rows), *SMALL, "--json"]) == 0
+def test_both_trainers_train_for_the_budget_and_the_ratio_is_theirs(tiny_checkpoint, rl_rows, capsys):
+    bench = load_benchmark("rl_vs_trl")
+    assert bench.main(["--checkpoint", str(tiny_checkpoint), "--rows", str(rl_rows), *SMALL, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["group_size"] == 4 and r["prompts_per_step"] == 2 and r["minibatches"] == 2  # the recipe's, overridden
     assert 0 < r["test_prompts"] and set(r["before"]) == {"arithmetic", "format", "all"}
@@ -56,7 +39,7 @@ def test_both_trainers_train_for_the_budget_and_the_ratio_is_theirs(tiny_checkpo
 
 
 def test_missing_inputs_exit_2(tiny_checkpoint, tmp_path, capsys, monkeypatch):
-    bench = _bench()
+    bench = load_benchmark("rl_vs_trl")
     monkeypatch.setattr(bench, "newest", lambda *a, **k: None)
     monkeypatch.setattr(bench, "default_rows", lambda *a, **k: None)
     assert bench.main([]) == 2
