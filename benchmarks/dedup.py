@@ -4,11 +4,12 @@ datasketch's MinHash + MinHashLSH and rensa's own RMinHash + RMinHashLSH.
     python benchmarks/dedup.py [--n 3000] [--json]        (datasketch: `pip install datasketch`)
 
 Data: demo-world documents (encyclopedic paragraphs and key-value record lists), with 10%
-planted near duplicates (a copy with a few words replaced) and the rest distinct. Both
-sides run the same streaming rule: word 5-shingles of the normalised text (the curation's
-`words`), 128 permutations, and a document is a duplicate when an indexed candidate's
-estimated Jaccard is >= 0.8 (else it is indexed). Ours and datasketch band alike (b, r from
-`optimal_bands`); rensa's LSH needs b to divide 128, so it bands 16 x 8. Timed: the text to
+planted near duplicates (a copy with a few words replaced) and the rest distinct. Every
+side runs the same streaming rule: word 5-shingles of the normalised text (the curation's
+`words`), 128 permutations, and a document is a duplicate when an indexed LSH candidate is
+similar enough (>= 0.8), else it is indexed. Ours checks a candidate's exact shingle Jaccard
+(what curation does); datasketch and rensa's own path check their MinHash estimate, as their
+APIs give it. All band 16 x 8 (`optimal_bands`; rensa's LSH needs b to divide 128). Timed: the text to
 the flags, shingling included, for each. Reported: documents/s of each and the ratios, how
 well each one's flagged set agrees with ours (Jaccard of the two sets), and for each the
 recall of the planted duplicates and the precision of its flags, both judged by the exact

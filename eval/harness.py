@@ -229,13 +229,22 @@ class _StderrLines:
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
-            line = line.rsplit("\r", 1)[-1].strip()
-            if line and not ("it/s]" in line or "s/it]" in line or "%|" in line):
-                logging.getLogger("lm_eval.stderr").warning(line)
+            self._keep(line)
         return len(text)
 
     def flush(self) -> None:
-        pass
+        """Nothing to push: a line is logged when it ends (tqdm flushes after every half-drawn bar)."""
+
+    def close(self) -> None:
+        """Log what is left of an unfinished line (a library's last write without a newline)."""
+        self._keep(self.pending)
+        self.pending = ""
+
+    @staticmethod
+    def _keep(line: str) -> None:
+        line = line.rsplit("\r", 1)[-1].strip()
+        if line and not ("it/s]" in line or "s/it]" in line or "%|" in line):
+            logging.getLogger("lm_eval.stderr").warning(line)
 
 
 @contextlib.contextmanager
@@ -248,8 +257,12 @@ def library_bars_off():
     if os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes"):
         yield
         return
-    with contextlib.redirect_stderr(_StderrLines()):
-        yield
+    lines = _StderrLines()
+    try:
+        with contextlib.redirect_stderr(lines):
+            yield
+    finally:
+        lines.close()
 
 
 def _plain(obj: Any) -> Any:

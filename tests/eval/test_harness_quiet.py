@@ -17,9 +17,11 @@ def test_bars_drawn_past_tqdm_disable_are_dropped_and_other_lines_logged(monkeyp
         import sys
 
         print("a library's own line", file=sys.stderr)
+        sys.stderr.write("an unfinished last line")
     err = capsys.readouterr().err
     assert "Running generate_until" not in err and "a library's own line" not in err
-    assert [r.getMessage() for r in caplog.records if r.name == "lm_eval.stderr"] == ["a library's own line"]
+    assert [r.getMessage() for r in caplog.records if r.name == "lm_eval.stderr"] == [
+        "a library's own line", "an unfinished last line"]
 
 
 def test_without_tqdm_disable_nothing_changes(monkeypatch, capsys):
