@@ -8,6 +8,17 @@ background thread (one-step off-policy) would share with the trainer, and which 
 run could not replay. With a private generator seeded per step the same weights and seed
 give the same tokens, in any thread, before or after a resume.
 
+The draw is by inverse CDF: one uniform per row, searched in the row's cumulative
+probabilities. `torch.multinomial` gives the same distribution but, on a [128, 4096] score
+matrix on 2 CPU cores, took 14 ms a call against 0.9 ms: a fifth of all sampling time in the
+demo.
+
+The n samples of one prompt share its prefill: the prompts are run once through all but their
+last token, the cache is repeated n times along the batch (`Cache.reorder_cache`, as beam
+search does), and `generate` continues from it with the n copies. Prefill was 40% of the
+demo's sampling time, most of it spent on the same prompt n times (n = 4 rollouts, 8 for
+held-out pass@1).
+
 The generator keeps its own copy of the model (`sync_weights` loads into it), so the
 trainer may update the policy while a rollout is being sampled.
 
@@ -38,7 +49,11 @@ class _Sampler:
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        token = torch.multinomial(logp.exp(), 1, generator=self.generator)
+        cdf = logp.exp().cumsum(-1)
+        u = torch.rand((cdf.shape[0], 1), generator=self.generator, dtype=cdf.dtype) * cdf[:, -1:]
+        # right=True: the first token whose cumulative mass exceeds u, so a token of probability 0
+        # (a flat stretch of the CDF) is never drawn, not even for u = 0
+        token = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
         self.logprobs.append(logp.gather(1, token).squeeze(1))
         forced = torch.full_like(scores, float("-inf"))
         return forced.scatter_(1, token, 0.0)
@@ -77,31 +92,37 @@ class HFGenerator:
                  seed: int) -> list[list[Rollout]]:
         if temperature <= 0 and n != 1:
             raise ValueError("greedy decoding (temperature 0) gives one response per prompt: use n=1")
-        rows = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]
         generator = torch.Generator(device="cpu").manual_seed(seed)
         out: list[list[Rollout]] = [[] for _ in prompts]
-        # similar lengths together: less padding; the order is fixed, so the draws are too
-        order = sorted(range(len(rows)), key=lambda r: (len(rows[r][1]), r))
-        done: dict[int, Rollout] = {}
-        for start in range(0, len(order), self.batch_rows):
-            chunk = order[start:start + self.batch_rows]
-            for r, rollout in zip(chunk, self._batch([rows[r][1] for r in chunk], max_new_tokens, temperature,
-                                                      generator)):
-                done[r] = rollout
-        for r, (i, _) in enumerate(rows):
-            out[i].append(done[r])
+        # similar lengths together: less padding; the order is fixed, so the draws are too. A
+        # prompt's n samples are adjacent rows of one batch (they share its prefill).
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+        per_batch = max(1, self.batch_rows // n)
+        for start in range(0, len(order), per_batch):
+            chunk = order[start:start + per_batch]
+            rollouts = self._batch([prompts[i] for i in chunk], n, max_new_tokens, temperature, generator)
+            for k, i in enumerate(chunk):
+                out[i] = rollouts[k * n:(k + 1) * n]
         return out
 
-    def _batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+    def _batch(self, unique: list[list[int]], n: int, max_new_tokens: int, temperature: float,
                generator: torch.Generator) -> list[Rollout]:
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        """n samples of each prompt in `unique`, prompt-major (a prompt's samples adjacent)."""
+        width = max(len(p) for p in unique)
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in unique], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in unique], device=self.device)
+        # only where generate decodes with a cache at all (a config may turn it off: then every
+        # step reruns the whole sequence, and there is no prefill to share)
+        cached = n > 1 and width > 1 and bool(getattr(self.model.generation_config, "use_cache", True))
+        shared = {"cache": self._shared_prefill(ids, mask, n)} if cached else {}
+        if n > 1:
+            ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+        prompts = [p for p in unique for _ in range(n)]
         sampler = _Sampler(temperature, generator) if temperature > 0 else None
         out = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
             logits_processor=[sampler] if sampler else None, eos_token_id=self.end_ids, pad_token_id=self.pad_id,
-            output_scores=sampler is None, return_dict_in_generate=True)
+            output_scores=sampler is None, return_dict_in_generate=True, **shared)
         new = out.sequences[:, width:].tolist()
         if sampler is not None:
             logps = torch.stack(sampler.logprobs, 1).tolist() if sampler.logprobs else [[] for _ in prompts]
@@ -115,3 +136,10 @@ class HFGenerator:
             rollouts.append(Rollout(prompt_ids=list(p), response_ids=new[b][:length], logprobs=logps[b][:length],
                                     finished=cut is not None))
         return rollouts
+
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
+        """The cache of every prompt but its last token, run once per prompt and repeated n times
+        along the batch: `generate` then runs only the last prompt token of each of the n copies."""
+        cache = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True).cache
+        cache.reorder_cache(torch.arange(len(ids), device=ids.device).repeat_interleave(n))
+        return cache
