@@ -278,8 +278,10 @@ class RolloutBatches:
         """The trainer's log π(target) of a part's rows under the policy's current weights (one
         no-grad forward, as the objective computes them), zero outside the response."""
         device = next(self.policy.parameters()).device
-        logp, _ = token_logprobs(self.policy, part["input_ids"].to(device), self.settings.temperature)
-        return logp.cpu() * part["response_mask"]
+        mask = part["response_mask"]
+        logp, _ = token_logprobs(self.policy, part["input_ids"].to(device), self.settings.temperature,
+                                 mask=mask.to(device))
+        return logp.cpu() * mask
 
     def _maybe_reprofile(self, step: int) -> bool:
         """On a plateau, re-profile the prompts with the current policy (the caller's `reprofile`

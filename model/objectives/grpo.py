@@ -142,20 +142,37 @@ def is_weights(logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask: torch
     return w * kept, kept
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
-                   temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float = 1.0,
+                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """([n, L-1] log pi(input_ids[:, t+1] | prefix) at logits / temperature, [n, L-1] entropy
     of that same distribution, detached), in float32. Right padding does not change earlier
-    positions (the model is causal), so the padded tail is simply masked by the caller."""
+    positions (the model is causal), so the padded tail is simply masked by the caller.
+
+    With `mask` ([n, L-1]), only the targets where it is > 0 get logits, and both outputs are 0
+    elsewhere: the output layer, the softmax and their backward then run on the response tokens
+    alone. A rollout row is mostly prompt (the demo's: ~40 prompt tokens, ~6 sampled), and the
+    [n, L-1, V] logits were the largest part of an RL step's compute."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    logits = model(input_ids).logits[:, :-1].float()
+    from stagewise.model.packed import causal_lm
+
+    targets, lm = input_ids[:, 1:], causal_lm(model)
+    if mask is None or not hasattr(lm, "lm_head"):  # a stand-in that only answers logits: all of them
+        mask = None
+        logits = model(input_ids).logits[:, :-1].float()
+    else:
+        keep = mask > 0
+        hidden = lm.model(input_ids=input_ids, use_cache=False).last_hidden_state[:, :-1]
+        logits, targets = lm.lm_head(hidden[keep]).float(), targets[keep]
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None].long()).squeeze(-1)
+    logp = logp_all.gather(-1, targets[..., None].long()).squeeze(-1)
     with torch.no_grad():  # a metric: no [n, L-1, V] graph kept for it
         entropy = -(logp_all.exp() * logp_all).sum(-1)
+    if mask is not None:  # back to [n, L-1], zeros outside the mask
+        zeros = torch.zeros(mask.shape, dtype=logp.dtype, device=logp.device)
+        logp, entropy = zeros.masked_scatter(keep, logp), zeros.masked_scatter(keep, entropy)
     return logp, entropy
 
 
@@ -205,7 +222,7 @@ class GRPOObjective:
              ctx: "LossContext") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.cfg
         mask = micro["response_mask"].float()
-        logp, entropy = token_logprobs(model, micro["input_ids"], cfg.temperature)
+        logp, entropy = token_logprobs(model, micro["input_ids"], cfg.temperature, mask=mask)
         old = micro.get("old_logprobs")
         old = logp.detach() if old is None else old.float()
         w, kept = is_weights(old, micro["rollout_logprobs"], mask, cfg.is_low, cfg.is_high)

@@ -85,8 +85,12 @@ class SFTObjective:
         ids, labels, seq_idx = micro["input_ids"], micro["labels"], micro["seq_idx"]
         hidden = packed_hidden(model, ids, micro.get("position_ids"), seq_idx)
         lm = causal_lm(model)
-        logits = lm.lm_head(hidden).float()
-        ce = F.cross_entropy(logits.flatten(0, 1), labels.reshape(-1), ignore_index=IGNORE, reduction="none")
+        # logits at the supervised positions only (a quarter of the demo's packed tokens): the output
+        # layer, its softmax and their backward were the largest part of an SFT step
+        supervised = labels != IGNORE
+        logits = lm.lm_head(hidden[supervised]).float()
+        ce = torch.zeros(labels.shape, dtype=logits.dtype, device=logits.device).masked_scatter(
+            supervised, F.cross_entropy(logits, labels[supervised], reduction="none"))
         if self.normalization == "token":
             numerator = ce.sum()
         else:

@@ -211,3 +211,28 @@ def test_config_rejects_an_empty_is_range():
         GRPOConfig(is_low=2.0, is_high=1.0)
     with pytest.raises(ValueError):
         GRPOConfig(bogus=1)
+
+
+def test_masked_log_probs_are_the_full_ones_where_the_mask_is_set(model_factory):
+    """token_logprobs with a mask runs the output layer on the masked targets only: the same
+    values, entropies and gradients there as the full computation, zeros elsewhere."""
+    model = model_factory(pattern="M*E-")
+    ids = torch.randint(4, 200, (3, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(3, 11)
+    mask[0, 5:] = 1
+    mask[1, 8:10] = 1
+    mask[2, 2] = 1
+
+    def run(masked: bool):
+        model.zero_grad()
+        logp, entropy = token_logprobs(model, ids, 0.7, mask=mask if masked else None)
+        (logp * mask).sum().backward()
+        return logp, entropy, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    full, cut = run(False), run(True)
+    on = mask > 0
+    assert torch.allclose(cut[0][on], full[0][on], atol=1e-5) and torch.allclose(cut[1][on], full[1][on], atol=1e-5)
+    assert cut[0][~on].abs().sum() == 0 and cut[1][~on].abs().sum() == 0
+    assert full[2].keys() == cut[2].keys()
+    for name, grad in full[2].items():
+        assert torch.allclose(cut[2][name], grad, atol=1e-5), name
