@@ -30,8 +30,9 @@ from stagewise.model.rl_batches import (Prompt, RolloutBatches, Sampler, Samplin
                               seed_for)
 from stagewise.model.rollout import Generator, Rollout
 
-TeacherScores = Callable[[list[str], list[list[int]], float], list[torch.Tensor]]
-"""(domains, sequences, temperature) -> per sequence, log π_T(s[t+1] | s[:t+1]) of len(s) - 1."""
+TeacherScores = Callable[..., list[torch.Tensor]]
+"""(domains, sequences, temperature, score_from=...) -> per sequence, log π_T(s[t+1] | s[:t+1]) of
+len(s) - 1 (0 allowed before score_from[i], the first response token: model/teachers.py)."""
 
 
 class DistillBatches(RolloutBatches):
@@ -57,7 +58,8 @@ class DistillBatches(RolloutBatches):
         domains = [p.domain for p, g, _ in groups for _ in g]
         sequences = [list(p.ids) + r.response_ids for p, g, _ in groups for r in g]
         started_t = time.perf_counter()
-        scored = self.teachers(domains, sequences, s.temperature)
+        scored = self.teachers(domains, sequences, s.temperature,
+                               score_from=[len(p.ids) for p, g, _ in groups for _ in g])
         teacher_s = time.perf_counter() - started_t
         teacher = torch.zeros(len(sequences), width - 1)
         for row, lp in enumerate(scored):

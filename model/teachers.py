@@ -41,9 +41,12 @@ class Teacher(Protocol):
 
     name: str
 
-    def sequence_logprobs(self, sequences: list[list[int]], temperature: float) -> list[torch.Tensor]:
+    def sequence_logprobs(self, sequences: list[list[int]], temperature: float,
+                          score_from: list[int] | None = None) -> list[torch.Tensor]:
         """Per sequence s (prompt + response token ids, no padding), a float32 CPU tensor of
-        len(s) - 1: log p(s[t+1] | s[:t+1]) at logits / temperature."""
+        len(s) - 1: log p(s[t+1] | s[:t+1]) at logits / temperature. With `score_from`, only the
+        tokens s[score_from[i]:] (a response) need scoring: a teacher may return 0 for the targets
+        before them (the distillation reads response tokens only)."""
         ...
 
     def close(self) -> None:
@@ -63,7 +66,8 @@ class HFTeacher:
     `chunk` sequences go through one forward: the sequences are ordered by length first (so a
     chunk pads little), right-padded with `pad_id`, scored with
     model.objectives.grpo.token_logprobs under inference mode, and each row is cut back to
-    len(s) - 1 and returned in the input order."""
+    len(s) - 1 and returned in the input order. With `score_from`, the output layer runs on the
+    response tokens only (token_logprobs' mask): the prompt is most of a distillation row."""
 
     def __init__(self, path: str, name: str, device: str = "cpu", chunk: int = 64, pad_id: int = 0):
         from stagewise.model.build import load_model
@@ -73,7 +77,8 @@ class HFTeacher:
         self.name, self.path, self.device, self.chunk, self.pad_id = name, str(path), torch.device(device), chunk, pad_id
         self.model: torch.nn.Module | None = load_model(path, device=device).eval().requires_grad_(False)
 
-    def sequence_logprobs(self, sequences: list[list[int]], temperature: float) -> list[torch.Tensor]:
+    def sequence_logprobs(self, sequences: list[list[int]], temperature: float,
+                          score_from: list[int] | None = None) -> list[torch.Tensor]:
         from stagewise.model.objectives.grpo import token_logprobs
 
         if self.model is None:
@@ -85,10 +90,14 @@ class HFTeacher:
             rows = order[start:start + self.chunk]
             width = max(len(sequences[i]) for i in rows)
             ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), width - 1)) if score_from is not None else None
             for r, i in enumerate(rows):
                 ids[r, :len(sequences[i])] = torch.as_tensor(sequences[i], dtype=torch.long)
+                if mask is not None:  # target t is token t + 1
+                    mask[r, max(score_from[i] - 1, 0):len(sequences[i]) - 1] = 1
             with torch.inference_mode():
-                logp, _ = token_logprobs(self.model, ids.to(self.device), temperature)
+                logp, _ = token_logprobs(self.model, ids.to(self.device), temperature,
+                                         mask=None if mask is None else mask.to(self.device))
             logp = logp.float().cpu()
             for r, i in enumerate(rows):
                 out[i] = logp[r, :len(sequences[i]) - 1].clone()
@@ -185,7 +194,8 @@ class VLLMTeacher:
                                f"name the teacher's model explicitly")
         return models[0]
 
-    def sequence_logprobs(self, sequences: list[list[int]], temperature: float) -> list[torch.Tensor]:
+    def sequence_logprobs(self, sequences: list[list[int]], temperature: float,
+                          score_from: list[int] | None = None) -> list[torch.Tensor]:
         if temperature != 1.0:
             raise ValueError(f"teacher {self.name!r}: vLLM's prompt log-probs are of the unscaled model "
                              f"(temperature 1.0); got temperature {temperature}")
@@ -244,8 +254,10 @@ class TeacherRouter:
     def teacher_for(self, domain: str) -> Teacher:
         return self.teachers[self._name_for(domain)]
 
-    def score(self, domains: list[str], sequences: list[list[int]], temperature: float) -> list[torch.Tensor]:
-        """Per sequence, its domain's teacher's log-probs; one sequence_logprobs call per teacher."""
+    def score(self, domains: list[str], sequences: list[list[int]], temperature: float,
+              score_from: list[int] | None = None) -> list[torch.Tensor]:
+        """Per sequence, its domain's teacher's log-probs; one sequence_logprobs call per teacher
+        (`score_from`: Teacher.sequence_logprobs')."""
         if len(domains) != len(sequences):
             raise ValueError(f"{len(domains)} domains for {len(sequences)} sequences")
         groups: dict[str, list[int]] = {}
@@ -253,7 +265,9 @@ class TeacherRouter:
             groups.setdefault(self._name_for(domain), []).append(i)
         out: list[torch.Tensor | None] = [None] * len(sequences)
         for name, idx in groups.items():
-            scored = self.teachers[name].sequence_logprobs([sequences[i] for i in idx], temperature)
+            scored = self.teachers[name].sequence_logprobs(
+                [sequences[i] for i in idx], temperature,
+                **({"score_from": [score_from[i] for i in idx]} if score_from is not None else {}))
             if len(scored) != len(idx):
                 raise ValueError(f"teacher {name!r} returned {len(scored)} results for {len(idx)} sequences")
             for i, logp in zip(idx, scored):

@@ -56,6 +56,19 @@ def test_hf_teacher_equals_an_unpadded_single_row_forward(teacher_ckpt, temperat
     assert not any(p.requires_grad for p in teacher.model.parameters())
 
 
+def test_hf_teacher_scores_the_response_alone_when_told_where_it_starts(teacher_ckpt):
+    teacher = HFTeacher(str(teacher_ckpt), "t", chunk=3)
+    starts = [3, 1, 6, 2]  # index of each sequence's first response token
+    full, cut = teacher.sequence_logprobs(SEQS, 0.7), teacher.sequence_logprobs(SEQS, 0.7, score_from=starts)
+    for f, c, start in zip(full, cut, starts):
+        assert c.shape == f.shape
+        assert torch.allclose(c[start - 1:], f[start - 1:], atol=1e-5)  # target t is token t + 1
+        assert c[:start - 1].abs().sum() == 0
+    router = TeacherRouter({"t": teacher}, {"a": "t"})
+    routed = router.score(["a"] * len(SEQS), SEQS, 0.7, score_from=starts)
+    assert all(torch.equal(r, c) for r, c in zip(routed, cut))
+
+
 def test_hf_teacher_padding_and_chunking_do_not_change_scores(teacher_ckpt):
     teacher = HFTeacher(str(teacher_ckpt), "t", chunk=64)
     together = teacher.sequence_logprobs(SEQS, 1.0)
