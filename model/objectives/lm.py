@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from stagewise.model.objectives.auxiliary import add_auxiliary
+from stagewise.model.objectives.fused_ce import fusable, output_layer_cross_entropy
 
 if TYPE_CHECKING:
     from stagewise.model.objectives import LossContext
@@ -46,8 +47,11 @@ class LMObjective:
         """
         inputs, labels = micro[:, :-1], micro[:, 1:]
         hidden = model.model(input_ids=inputs, use_cache=False).last_hidden_state
-        logits = model.lm_head(hidden).float()
-        ce_sum = F.cross_entropy(logits.flatten(0, 1), labels.reshape(-1), reduction="sum")
+        if fusable(model.lm_head):  # the output layer and the loss chunk by chunk (objectives/fused_ce.py)
+            ce_sum = output_layer_cross_entropy(hidden.flatten(0, 1), model.lm_head.weight, labels.reshape(-1))
+        else:
+            logits = model.lm_head(hidden).float()
+            ce_sum = F.cross_entropy(logits.flatten(0, 1), labels.reshape(-1), reduction="sum")
         share = labels.numel() / denom
         total = ce_sum / denom
         metrics = {"lm_loss": total.detach()}

@@ -97,7 +97,9 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, model_factory, bat
         results[micro] = ([m["train/lm_loss"] for _, _, m in logs], model.state_dict())
     assert results[2][0] == pytest.approx(results[GLOBAL][0], rel=1e-5)
     for name, value in results[GLOBAL][1].items():
-        torch.testing.assert_close(results[2][1][name], value, rtol=1e-4, atol=1e-5, msg=name)
+        # float rounding of the summation order, through two Adam steps: ~1e-5 (a wrong split moves
+        # weights by ~lr = 3e-3)
+        torch.testing.assert_close(results[2][1][name], value, rtol=1e-4, atol=3e-5, msg=name)
 
 
 def test_checkpoints_at_each_multiple_and_pruning(tmp_path, tiny_model, batches_factory):

@@ -1,0 +1,59 @@
+"""Summed next-token cross-entropy through the output layer, in chunks of rows, never holding [N, V].
+
+    loss = output_layer_cross_entropy(hidden, weight, labels)    # = F.cross_entropy(hidden @ weight.T, labels, "sum")
+
+Why: the plain path writes the [N, V] logits, reads them for the softmax, writes the softmax's
+gradient and reads it twice for the two matmuls of the backward: on the demo's CPU that traffic
+(33 MB of logits per 2048-token micro-batch at V = 4096) cost as much as the matmuls themselves.
+Here each chunk of `chunk` rows goes through logits, log-sum-exp, the gradient of the logits
+(softmax - one-hot) and both gradient matmuls while it is still in cache, in the forward, and the
+backward only scales the stored gradients by the incoming one (the loss is a scalar). Measured on
+2 CPU cores, N = 2048, H = 128, V = 4096: 52 ms against 80 ms forward + backward, the same loss
+and gradients to float rounding (tests/model/test_fused_ce.py). The idea is the one of Liger
+Kernel's fused linear cross-entropy (there for GPU memory); the code is ours.
+
+The gradients are computed whether or not a backward follows: training losses only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class _OutputLayerCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, hidden.shape[0], chunk):
+            h, y = hidden[start:start + chunk], labels[start:start + chunk]
+            logits = (h @ weight.T).float()
+            lse = torch.logsumexp(logits, -1)
+            total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+            grad = torch.exp(logits - lse[:, None])  # softmax ...
+            grad[torch.arange(len(y), device=y.device), y] -= 1.0  # ... minus the one-hot of the label
+            grad = grad.to(h.dtype)
+            grad_hidden[start:start + chunk] = grad @ weight
+            grad_weight.addmm_(grad.T, h)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_output, grad_weight * grad_output, None, None
+
+
+def output_layer_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                               chunk: int = 128) -> torch.Tensor:
+    """sum over rows of -log softmax(hidden @ weight.T)[label], float32; hidden [N, H], weight [V, H],
+    labels [N] (every row labelled)."""
+    return _OutputLayerCrossEntropy.apply(hidden, weight, labels, chunk)
+
+
+def fusable(head: torch.nn.Module) -> bool:
+    """Whether the output layer is a plain bias-free Linear outside autocast on its device (what the
+    fused path computes); anything else (a LoRA-wrapped head, bf16 autocast on a GPU) takes the plain path."""
+    return (type(head) is torch.nn.Linear and head.bias is None
+            and not torch.is_autocast_enabled(head.weight.device.type))
