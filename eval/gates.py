@@ -137,6 +137,12 @@ class GateRule(StrictConfig):
         ops = [c.op for _, c in self.conditions() if c.metric == self.primary_metric()]
         return {">": True, ">=": True, "<": False, "<=": False}.get(ops[0]) if ops else None
 
+    def reads_start(self) -> bool:
+        """Whether a decision can depend on the stage's start value: a relative condition, a guard
+        (its baseline is the start, or the best including it) or patience (the start is an
+        evaluation of the run). A gate of absolute conditions alone does not need the start scored."""
+        return bool(self.guards or self.patience or any(c.relative for _, c in self.conditions()))
+
     def metrics(self) -> list[str]:
         """Every metric the rule reads, in rule order, without repeats."""
         names = [c.metric for _, c in self.conditions()] + [g.metric for g in self.guards]

@@ -117,7 +117,8 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
         evaluator = _Evaluator(ctx, block, rows, run_id)
         if cfg.engine == "nemo_rl":  # refused before any teacher trains: what only the rows tell
             _refuse_on_nemo_rl(cfg, rows, evaluator.wiring(start))
-        student, before = start, evaluator.student(start, at=0)
+        # the start on test (the closing table's "before"); after each round both splits (ablations read dev)
+        student, before = start, evaluator.student(start, at=0, splits=("test",))
         first = before
         round_results = []
         for r in range(1, cfg.rounds + 1):
@@ -221,11 +222,12 @@ class _Evaluator:
                                           prefix=prefix, cache=ScoresCache(str(self.ctx.stages_root),
                                                                            checkpoint_hash(checkpoint))))
 
-    def student(self, checkpoint: str, at: int) -> dict[str, float]:
-        """The student on both splits: distill/dev/student/... and distill/test/student/..."""
+    def student(self, checkpoint: str, at: int, splits: tuple[str, ...] = ("dev", "test")) -> dict[str, float]:
+        """The student on `splits`: distill/dev/student/... and distill/test/student/..."""
         out: dict[str, float] = {}
         for split, held in self.heldout.items():
-            out |= self._score(checkpoint, [r.id for r in held], f"distill/{split}/student", at)
+            if split in splits:
+                out |= self._score(checkpoint, [r.id for r in held], f"distill/{split}/student", at)
         return out
 
     def teachers(self, teachers: dict[str, str], at: int) -> dict[str, float]:

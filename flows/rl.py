@@ -230,18 +230,19 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     log.info("%s: %d of %d training prompts kept by the difficulty filter (%s)", block.name, len(kept), len(train_ids),
              ", ".join(f"{k} {v}" for k, v in counts.items()))
 
-    def evaluate(at: tuple[int, int], weights: str) -> dict[str, float]:
-        """pass@1 and greedy accuracy on each split's held-out rows: rl/dev/..., rl/test/..."""
+    def evaluate(at: tuple[int, int], weights: str, splits: tuple[str, ...] = ("dev", "test")) -> dict[str, float]:
+        """pass@1 and greedy accuracy on the held-out rows of `splits`: rl/dev/..., rl/test/..."""
         out: dict[str, float] = {}
         for split, rows in heldout_rows.items():
-            if rows:
+            if rows and split in splits:
                 out |= value_of(heldout_eval_task(
                     generator, wiring, [r.id for r in rows], cfg.data.heldout_samples, ro.max_new_tokens,
                     ro.temperature, ctx.seed, tracker, run_id, at, prefix=f"rl/{split}",
                     cache=ScoresCache(str(ctx.stages_root), weights)))
         return out
     generator.sync_weights(policy.state_dict())
-    before = evaluate((0, 0), checkpoint_hash(start_from))
+    # the start on test (the closing table's "before"); dev where it is read, at the end (ablations)
+    before = evaluate((0, 0), checkpoint_hash(start_from), splits=("test",))
     _say_heldout(log, block.name, "before", before)
 
     by_domain: dict[str, list[tuple[str, float]]] = {}

@@ -97,8 +97,9 @@ class Scores:
     """Evaluations of checkpoints, computed once per weights and logged to whichever run asks.
 
     The held-out conversations are scored per split (eval/splits.py): a sub-stage's marks (its gate's
-    evaluations, its end) read dev only; the stage's base and final checkpoints are scored on dev and
-    test, and the closing table reports test. The last evaluation inside a sub-stage and the stage
+    evaluations, its end) read dev only; the stage's base checkpoint is scored on test (the closing
+    table's "before") and its final one on dev and test (ablations compare dev, the closing table
+    reports test). Nothing in between is scored on test. The last evaluation inside a sub-stage and the stage
     run's "after" evaluation score the same weights; the cache (keyed by weight sha256) makes the
     second one a copy."""
 
@@ -178,7 +179,7 @@ def train_substage(ctx: StageContext, sub: SFTSubStage, index: int, packed: Pack
         limit = gate.eval_limit if gate else block.stage.eval_limit
         evaluate = lambda ckpt: scores(ckpt, suite, limit, run_id, splits=("dev",))  # noqa: E731 - gates read dev
         if launched:  # one launch, then the evaluation of its export; a gate only at its end (the recipe check)
-            if gate is not None:  # the start, for relative thresholds and guards (a copy: the stage scored it)
+            if gate is not None and gate.reads_start():  # the start, for relative thresholds, guards, patience
                 evaluate(start.model_copy(update={"step": 0, "tokens_seen": 0}))
             ckpt = _substage_on_megatron(ctx, sub, train_cfg, index, packed, start, block, tokenizer_dir, run_id,
                                          out_dir)
@@ -276,15 +277,16 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
         scores = Scores(tracker, heldout_path, data.heldout_limit, max(s.seq_length for s in stage.stages), ctx.seed,
                         ctx.runtime.device, block.reasoning_switch)
         tasks = block.suites.get(stage.eval_suite) if stage.eval_suite else None
-        base = scores(start, tasks, stage.eval_limit, run_id, at=(0, 0))
+        # the start on test (the closing table's "before") and the suite; dev only where it is read:
+        # the gates' marks and the stage's end (what ablations compare)
+        base = scores(start, tasks, stage.eval_limit, run_id, at=(0, 0), splits=("test",))
         ckpt, step, tokens, decisions = start, 0, 0, {}
-        final = base
         for i, (sub, packed) in enumerate(zip(stage.stages, packs)):
             ckpt, decision = train_substage(ctx, sub, i, packed, ckpt, block, start.path, scores, run_id)
             if decision is not None:
                 decisions[sub.name] = decision
             step, tokens = step + ckpt.step, tokens + ckpt.tokens_seen
-            final = scores(ckpt, tasks, stage.eval_limit, run_id, at=(step, tokens))
+        final = scores(ckpt, tasks, stage.eval_limit, run_id, at=(step, tokens)) if stage.stages else base
         delta = deltas(base, final)
         tracker.log_metrics(run_id, [(step, tokens, delta)])
         logger.info("sft: %s", ", ".join(f"{k} {v:+.3f}" for k, v in delta.items()) or "no evaluations")

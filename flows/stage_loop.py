@@ -4,8 +4,8 @@ Used by every training stage flow (pretrain, sft, ...). The marks are the ends o
 stage's phases, plus every `gate.eval_every_tokens` when the stage has a gate. At each mark
 the checkpoint is evaluated (`evaluate`), and the gate decides from what MLflow holds:
 continue, stop (hand on the checkpoint it names) or fail (raise GateFailed with the
-evidence; the pipeline stops). A gated stage is evaluated once before it trains, so
-relative thresholds and guards have a start value. A stage resumed mid-way carries the
+evidence; the pipeline stops). A gated stage whose gate reads the start (relative thresholds,
+guards, patience) is evaluated once before it trains. A stage resumed mid-way carries the
 metric history of its interrupted run over into the new one (Tracker.carry_over), so that
 start value, and the loss curves, survive the crash.
 """
@@ -64,7 +64,8 @@ def run_stretches(
 ) -> tuple[CheckpointRef, dict | None]:
     """Train from `start` through every mark; returns the checkpoint handed on and the last gate decision.
 
-    The untrained start is evaluated when the stage has a gate or `evaluate_start` (its "before")."""
+    The untrained start is evaluated when the stage's gate reads it (relative thresholds, guards,
+    patience) or `evaluate_start` (its "before")."""
     logger = get_run_logger()
     ckpt, decision = start, None
     tracker.set_tags(run_id, {"stagewise.stage_dir": spec.out_dir})
@@ -72,7 +73,7 @@ def run_stretches(
         source = tracker.carry_over(run_id, spec.out_dir, start.step)
         if source:
             logger.info("%s resumes at step %d: metrics up to it carried over from run %s", spec.stage, start.step, source)
-    if (gate is not None or evaluate_start) and (ckpt is None or ckpt.tokens_seen == 0):
+    if ((gate is not None and gate.reads_start()) or evaluate_start) and (ckpt is None or ckpt.tokens_seen == 0):
         ckpt = ckpt or train_task(spec, "start", 0, None, tracker, run_id)
         evaluate(ckpt)
     for label, until in marks(phase_ends, gate.eval_every_tokens if gate else None, total):
