@@ -67,7 +67,9 @@ def test_a_lower_budget_gives_fewer_bits_and_no_better_accuracy(quantize_run, cl
     # no better beyond noise: the search is greedy per operator, so on this tiny model fewer bits scored a
     # held-out loss 0.09% lower once (1.01502 against 1.01590, one thread per worker): 0.2% is the noise
     assert low["quantized"]["test/loss"] >= stage["quantized/test/loss"] * (1 - 0.002)
-    assert low["quantized"]["test/exact_match"] <= stage["quantized/test/exact_match"] + 0.011
+    # exact match on 100 rows at ~0.03 moves in whole answers (binomial sd ~0.017): two answers' noise, as
+    # the docstring says (one answer's tolerance failed once at 0.04 against 0.02 with the loss ordered right)
+    assert low["quantized"]["test/exact_match"] <= stage["quantized/test/exact_match"] + 0.021
     assert {"effective_bits", "formats", "deltas", "bf16", "quantized", "flop_share", "table"} <= set(low)  # --json's promise
     assert low["recounted_bits"] == pytest.approx(low["effective_bits"])
     assert (tmp_path / "q4.8" / "hf_quant_config.json").exists()
