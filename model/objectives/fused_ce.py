@@ -12,7 +12,8 @@ backward only scales the stored gradients by the incoming one (the loss is a sca
 and gradients to float rounding (tests/model/test_fused_ce.py). The idea is the one of Liger
 Kernel's fused linear cross-entropy (there for GPU memory); the code is ours.
 
-The gradients are computed whether or not a backward follows: training losses only.
+The gradients are computed in the forward for the inputs that require them, so a backward is
+expected to follow: training losses only (evaluation has its own loss, eval/validation.py).
 """
 
 from __future__ import annotations
@@ -23,32 +24,42 @@ import torch
 class _OutputLayerCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros_like(weight)
+        want_hidden, want_weight = ctx.needs_input_grad[:2]  # a frozen head (LoRA elsewhere) needs no grad_weight
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros_like(weight) if want_weight else None
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, hidden.shape[0], chunk):
             h, y = hidden[start:start + chunk], labels[start:start + chunk]
             logits = (h @ weight.T).float()
             lse = torch.logsumexp(logits, -1)
             total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+            if not (want_hidden or want_weight):
+                continue
             grad = torch.exp(logits - lse[:, None])  # softmax ...
             grad[torch.arange(len(y), device=y.device), y] -= 1.0  # ... minus the one-hot of the label
             grad = grad.to(h.dtype)
-            grad_hidden[start:start + chunk] = grad @ weight
-            grad_weight.addmm_(grad.T, h)
-        ctx.save_for_backward(grad_hidden, grad_weight)
+            if want_hidden:
+                grad_hidden[start:start + chunk] = grad @ weight
+            if want_weight:
+                grad_weight.addmm_(grad.T, h)
+        ctx.grads = grad_hidden, grad_weight
         return total
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_output, grad_weight * grad_output, None, None
+        grad_hidden, grad_weight = ctx.grads
+        return (None if grad_hidden is None else grad_hidden * grad_output,
+                None if grad_weight is None else grad_weight * grad_output, None, None)
 
 
 def output_layer_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                                chunk: int = 128) -> torch.Tensor:
     """sum over rows of -log softmax(hidden @ weight.T)[label], float32; hidden [N, H], weight [V, H],
-    labels [N] (every row labelled)."""
+    labels [N] (every row labelled). Without autograd (no_grad, or nothing requires a gradient) no
+    gradient is computed: the chunks give the loss alone."""
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
+        with torch.no_grad():  # needs_input_grad inside the Function does not see no_grad: decide here
+            return _OutputLayerCrossEntropy.apply(hidden.detach(), weight.detach(), labels, chunk)
     return _OutputLayerCrossEntropy.apply(hidden, weight, labels, chunk)
 
 

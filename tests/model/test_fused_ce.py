@@ -31,3 +31,20 @@ def test_only_a_plain_bias_free_head_outside_autocast_is_fused():
     assert not fusable(torch.nn.Linear(4, 8, bias=True))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not fusable(torch.nn.Linear(4, 8, bias=False))
+
+
+def test_a_frozen_head_gets_no_gradient_and_no_grad_gives_the_same_loss():
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(20, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g) * 0.3  # frozen: LoRA trains other layers
+    labels = torch.randint(0, 50, (20,), generator=g)
+    plain = F.cross_entropy(hidden @ weight.T, labels, reduction="sum")
+    plain.backward()
+    want = hidden.grad.clone()
+    hidden.grad = None
+    fused = output_layer_cross_entropy(hidden, weight, labels, chunk=8)
+    fused.backward()
+    assert weight.grad is None and torch.allclose(hidden.grad, want, atol=1e-5)
+    with torch.no_grad():
+        loss = output_layer_cross_entropy(hidden, weight, labels, chunk=8)
+    assert not loss.requires_grad and torch.allclose(loss, plain, rtol=1e-5)
