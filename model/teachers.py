@@ -267,7 +267,7 @@ class TeacherRouter:
         for name, idx in groups.items():
             scored = self.teachers[name].sequence_logprobs(
                 [sequences[i] for i in idx], temperature,
-                **({"score_from": [score_from[i] for i in idx]} if score_from is not None else {}))
+                score_from=None if score_from is None else [score_from[i] for i in idx])
             if len(scored) != len(idx):
                 raise ValueError(f"teacher {name!r} returned {len(scored)} results for {len(idx)} sequences")
             for i, logp in zip(idx, scored):

@@ -278,14 +278,14 @@ def test_first_hold_relative():
     assert first_hold(g, {ACC: series(0.3, 0.35, 0.45)}) == (20, 2000, {ACC: 0.45})
 
 
-@pytest.mark.parametrize("extra, reads", [
-    ({}, False),
-    ({"all": [{"metric": "m", "op": ">=", "value": 0.1, "relative": True}]}, True),
-    ({"guards": [{"metric": "g", "max_drop": 0.05}]}, True),
-    ({"patience": 3}, True),
+ABSOLUTE = {"metric": "m", "op": ">=", "value": 0.5}
+
+
+@pytest.mark.parametrize("rule, reads", [
+    ({"all": [ABSOLUTE, {"metric": "n", "op": "<", "value": 1.0}]}, False),
+    ({"all": [ABSOLUTE, {"metric": "n", "op": ">=", "value": 0.1, "relative": True}]}, True),
+    ({"all": [ABSOLUTE], "guards": [{"metric": "g", "max_drop": 0.05}]}, True),
+    ({"all": [ABSOLUTE], "patience": 3}, True),
 ])
-def test_only_a_gate_that_reads_the_start_asks_for_its_evaluation(extra, reads):
-    rule = {"all": [{"metric": "m", "op": ">=", "value": 0.5}], **extra}
-    if "all" in extra:
-        rule["all"] = rule["all"] + [{"metric": "n", "op": "<", "value": 1.0}]
+def test_only_a_gate_that_reads_the_start_asks_for_its_evaluation(rule, reads):
     assert GateConfig(eval_every_tokens=10, **rule).reads_start() is reads

@@ -107,8 +107,9 @@ class FakeTeacher:
     def __init__(self, name: str):
         self.name, self.calls, self.closed = name, [], False
 
-    def sequence_logprobs(self, sequences, temperature):
+    def sequence_logprobs(self, sequences, temperature, score_from=None):
         self.calls.append(([list(s) for s in sequences], temperature))
+        self.score_from = score_from
         return [torch.tensor([-t / 1000 for t in s[1:]]) for s in sequences]
 
     def close(self):
@@ -123,6 +124,9 @@ def test_router_calls_each_teacher_once_with_its_domains_sequences_in_order():
     out = router(domains, seqs, 0.8)
     assert math_t.calls == [([[2, 20, 21], [3, 30], [5, 50]], 0.8)]
     assert code_t.calls == [([[1, 10], [4, 40, 41, 42]], 0.8)]
+    assert math_t.score_from is None and code_t.score_from is None
+    router(domains, seqs, 0.8, score_from=[1, 2, 1, 3, 1])  # each teacher gets its sequences' starts
+    assert math_t.score_from == [2, 1, 1] and code_t.score_from == [1, 3]
     for s, logp in zip(seqs, out):  # input order restored
         assert torch.equal(logp, torch.tensor([-t / 1000 for t in s[1:]]))
     assert router.teacher_for("py") is code_t
