@@ -140,6 +140,9 @@ class HFGenerator:
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
         """The cache of every prompt but its last token, run once per prompt and repeated n times
         along the batch: `generate` then runs only the last prompt token of each of the n copies."""
-        cache = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True).cache
+        # logits_to_keep=1: the prefill's logits are not read (generate scores from the last prompt
+        # token on), so the output layer runs on one position, not on the whole prompt
+        cache = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True,
+                           logits_to_keep=1).cache
         cache.reorder_cache(torch.arange(len(ids), device=ids.device).repeat_interleave(n))
         return cache
