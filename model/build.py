@@ -4,6 +4,7 @@ The chain is preset kwargs -> overrides (checked against NemotronHConfig's field
 fails with the nearest valid name instead of becoming a silent extra attribute) -> vocabulary
 (from the tokenizer when the preset leaves it open) -> NemotronHConfig -> seeded model
 (+ optional MTP heads). Everything is plain torch/transformers: usable from a notebook.
+Both entry points install our Mamba-2 PyTorch functions in transformers (model/mamba_torch.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, NemotronHConfig, NemotronHForCausalLM
 
+from stagewise.model import mamba_torch
 from stagewise.model.checkpoint_check import check_checkpoint
 from stagewise.model.config import ModelConfig
 from stagewise.model.mtp import MTPHeads, attach_mtp, mtp_state_dict, read_mtp_settings
@@ -91,8 +93,10 @@ def build_model(cfg: ModelConfig, vocab_size: int | None, seed: int, device: str
 
     With `from`, the checkpoint's weights are loaded; its MTP heads are kept when
     cfg.mtp.num_heads matches them, replaced by fresh seeded ones when it differs, and
-    dropped when cfg.mtp.num_heads is 0 (the recipe decides).
+    dropped when cfg.mtp.num_heads is 0 (the recipe decides). Its Mamba layers run our PyTorch
+    functions where no kernel is installed (model/mamba_torch.py).
     """
+    mamba_torch.install()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if cfg.from_ is not None:
@@ -114,7 +118,9 @@ def build_model(cfg: ModelConfig, vocab_size: int | None, seed: int, device: str
 def load_model(
     ckpt_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> NemotronHForCausalLM:
-    """Load an HF-format checkpoint and re-attach its MTP heads (settings: model/mtp.py)."""
+    """Load an HF-format checkpoint and re-attach its MTP heads (settings: model/mtp.py); its Mamba
+    layers run our PyTorch functions where no kernel is installed (model/mamba_torch.py)."""
+    mamba_torch.install()
     model = AutoModelForCausalLM.from_pretrained(str(ckpt_dir), dtype=dtype)
     model.config.architectures = list(ARCHITECTURES)
     settings = read_mtp_settings(ckpt_dir)

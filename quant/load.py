@@ -115,8 +115,11 @@ def load_quantized(export_dir: str | Path, device: str = "cpu") -> torch.nn.Modu
     from safetensors.torch import load_file
     from transformers import AutoConfig, NemotronHForCausalLM
 
+    from stagewise.model import mamba_torch
     from stagewise.model.build import ARCHITECTURES
     from stagewise.quant.formats import plan_config
+
+    mamba_torch.install()  # the same Mamba-2 functions as the model it was quantized from
 
     export_dir = Path(export_dir)
     formats = read_plan(export_dir)["formats"]

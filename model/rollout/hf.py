@@ -37,6 +37,7 @@ from typing import Literal
 
 import torch
 
+from stagewise.model import mamba_torch
 from stagewise.model.rollout import Rollout
 
 
@@ -66,6 +67,7 @@ class HFGenerator:
                  device: str | torch.device = "cpu", precision: Literal["trainer", "bf16"] = "trainer"):
         if precision not in ("trainer", "bf16"):
             raise ValueError(f"precision must be trainer or bf16, got {precision!r}")
+        mamba_torch.install()  # a worker process unpickles the policy without building it (model/build.py)
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
         self.end_ids, self.pad_id, self.batch_rows = list(end_ids), pad_id, batch_rows
         self.device, self.precision = torch.device(device), precision

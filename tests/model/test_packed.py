@@ -2,7 +2,7 @@
 
 The tiny model has Mamba-2, attention, MoE and MLP layers, chunk_size 16: documents start
 mid-chunk, span several chunks, and one is a single token, so every masked term of the
-packed SSD scan is exercised.
+packed SSD scan is exercised (the scan and conv alone: tests/model/test_mamba_torch.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stagewise.model.packed import cu_seqlens, packed_conv1d, packed_forward, position_ids_from_seq_idx
+from stagewise.model.packed import cu_seqlens, packed_forward, position_ids_from_seq_idx
 
 LENGTHS = [5, 23, 40, 1, 9, 17]  # 95 tokens; the row is padded to 100
 
@@ -71,28 +71,21 @@ def test_a_single_document_row_matches_the_plain_forward(model_factory):
                                    model(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
 
 
-def test_mixers_are_restored_after_the_call(model_factory):
-    model = model_factory()
+def test_the_plain_model_call_with_seq_idx_is_the_packed_forward(model_factory):
+    """One mechanism: transformers hands seq_idx to the Mamba functions (ours here, the kernels on a GPU)."""
+    model = model_factory().eval()
     _, ids, seq = packed_batch([10, 6], 16)
-    packed_forward(model, ids, None, seq)
-    mixer = model.model.layers[0].mixer
-    assert "forward" not in mixer.__dict__
-    with pytest.raises(ValueError, match="packed sequences"):  # transformers' own guard without kernels
-        model.model(input_ids=ids, seq_idx=seq.int())
+    with torch.no_grad():
+        packed = packed_forward(model, ids, None, seq)
+        plain = model(input_ids=ids, position_ids=position_ids_from_seq_idx(seq), seq_idx=seq.int()).logits
+    torch.testing.assert_close(plain, packed)
+    assert "forward" not in model.model.layers[0].mixer.__dict__  # nothing patched per model
 
 
 def test_position_ids_must_match_seq_idx(model_factory):
     _, ids, seq = packed_batch([10, 6], 16)
     with pytest.raises(ValueError, match="restart at 0"):
         packed_forward(model_factory(), ids, torch.arange(16)[None], seq)
-
-
-def test_conv_never_reads_across_a_boundary():
-    x = torch.arange(1.0, 9.0).reshape(1, 1, 8)
-    w = torch.ones(1, 4)
-    seq = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2]])
-    # each output sums the current and up to 3 previous inputs of the same document
-    assert packed_conv1d(x, w, None, seq).flatten().tolist() == [1, 3, 6, 4, 9, 6, 13, 21]
 
 
 def test_helpers():

@@ -24,7 +24,7 @@ class LossByToken(torch.nn.Module):
         self.lm_head = self._Head()
 
     class _Backbone(torch.nn.Module):
-        def forward(self, input_ids, position_ids=None, use_cache=False):
+        def forward(self, input_ids, position_ids=None, use_cache=False, seq_idx=None):
             return type("Out", (), {"last_hidden_state": (input_ids.float() / 10)[..., None]})
 
     class _Head(torch.nn.Module):
