@@ -348,7 +348,7 @@ def test_tiny_runs_the_moe_base_recipe_with_its_own_provider_fields():
     o = plan.overrides
     assert o["model.hybrid_layer_pattern"] == "M*EM-E" and o["model.num_layers"] == 6
     assert (o["model.hidden_size"], o["model.ffn_hidden_size"], o["model.num_query_groups"]) == (128, 512, 2)
-    assert (o["model.mamba_num_heads"], o["model.mamba_state_dim"], o["model.mamba_chunk_size"]) == (8, 32, 64)
+    assert (o["model.mamba_num_heads"], o["model.mamba_state_dim"], o["model.mamba_chunk_size"]) == (8, 32, 32)
     assert (o["model.num_moe_experts"], o["model.moe_router_topk"], o["model.vocab_size"]) == (8, 2, 4096)
     assert o["model.share_embeddings_and_output_weights"] is False
     with pytest.raises(MegatronUnsupported, match=r"^model\.preset: .*vocab_size"):
