@@ -7,9 +7,12 @@ gradient and reads it twice for the two matmuls of the backward: on the demo's C
 (33 MB of logits per 2048-token micro-batch at V = 4096) cost as much as the matmuls themselves.
 Here each chunk of `chunk` rows goes through logits, log-sum-exp, the gradient of the logits
 (softmax - one-hot) and both gradient matmuls while it is still in cache, in the forward, and the
-backward only scales the stored gradients by the incoming one (the loss is a scalar). Measured on
-2 CPU cores, N = 2048, H = 128, V = 4096: 52 ms against 80 ms forward + backward, the same loss
-and gradients to float rounding (tests/model/test_fused_ce.py). The idea is the one of Liger
+backward only scales the stored gradients by the incoming one (the loss is a scalar). The
+log-sum-exp and the softmax are computed in place on each chunk's logits (max, subtract, exp,
+sum, divide: no [chunk, V] temporaries): 1.4x faster than logsumexp then exp(logits - lse), timed
+alternately in one run (2 CPU cores, N = 2048, H = 128, V = 4096); the chunked pass as a whole was
+1.5x faster than the plain path when first measured. The same loss and gradients to float
+rounding (tests/model/test_fused_ce.py). The idea is the one of Liger
 Kernel's fused linear cross-entropy (there for GPU memory); the code is ours.
 
 The gradients are computed in the forward for the inputs that require them, so a backward is
@@ -30,13 +33,18 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, hidden.shape[0], chunk):
             h, y = hidden[start:start + chunk], labels[start:start + chunk]
+            rows = torch.arange(len(y), device=y.device)
             logits = (h @ weight.T).float()
-            lse = torch.logsumexp(logits, -1)
-            total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+            picked = logits[rows, y]
+            # log-sum-exp and softmax in place on the chunk's logits (no [chunk, V] temporaries)
+            peak = logits.amax(-1, keepdim=True)
+            probs = logits.sub_(peak).exp_()
+            norm = probs.sum(-1, keepdim=True)
+            total += ((peak + norm.log()).squeeze(1) - picked).sum()  # per row, then summed: no cancellation
             if not (want_hidden or want_weight):
                 continue
-            grad = torch.exp(logits - lse[:, None])  # softmax ...
-            grad[torch.arange(len(y), device=y.device), y] -= 1.0  # ... minus the one-hot of the label
+            grad = probs.div_(norm)  # softmax ...
+            grad[rows, y] -= 1.0  # ... minus the one-hot of the label
             grad = grad.to(h.dtype)
             if want_hidden:
                 grad_hidden[start:start + chunk] = grad @ weight
