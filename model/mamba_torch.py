@@ -164,15 +164,16 @@ def causal_conv1d(
     x = x.to(weight.dtype)
     out = F.conv1d(x, weight.unsqueeze(1), bias, padding=k - 1, groups=x.shape[1])[..., :length]
     if seq_idx is not None:
-        # Take back the taps that reached into an earlier document: at most K-1 per document start,
-        # so a gather and a scatter-add of those few columns instead of masking every tap everywhere.
-        lag = torch.arange(1, k, device=x.device)
-        back = torch.arange(length, device=x.device)[:, None] - lag  # [T, K-1]: the position each tap reads
-        crossed = (seq_idx[:, :, None] != seq_idx[:, back.clamp(min=0)]) & (back >= 0)
-        rows, cols, taps = crossed.nonzero(as_tuple=True)
-        if len(rows):
-            leaked = x[rows, :, cols - lag[taps]] * weight[:, k - 1 - lag[taps]].T  # [n, C]
-            out = out.transpose(1, 2).index_put((rows, cols), -leaked, accumulate=True).transpose(1, 2)
+        # Take back the taps that reached into an earlier document: at most one per document start
+        # and lag, so a gather and a scatter-add of those few columns instead of masking every tap
+        # everywhere. One lag at a time: no position repeats within a scatter, so the sums (and the
+        # gradients' sums) run in a fixed order and training stays bitwise reproducible.
+        for lag in range(1, min(k, length)):
+            rows, cols = (seq_idx[:, lag:] != seq_idx[:, :-lag]).nonzero(as_tuple=True)
+            if len(rows):
+                cols = cols + lag
+                leaked = x[rows, :, cols - lag] * weight[:, k - 1 - lag]  # [n, C]
+                out = out.transpose(1, 2).index_put((rows, cols), -leaked, accumulate=True).transpose(1, 2)
     if activation is not None:
         if activation not in ("silu", "swish"):
             raise ValueError(f"causal_conv1d: activation {activation!r} (silu or None)")
