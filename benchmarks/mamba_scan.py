@@ -77,7 +77,8 @@ def train_step(model, batch: torch.Tensor, micro: int, seq_idx: torch.Tensor | N
     opt = torch.optim.AdamW(params, lr=1e-4, **speed_flags(params))
 
     def step() -> None:
-        for rows, seqs in zip(batch.split(micro), (seq_idx.split(micro) if seq_idx is not None else [None] * len(batch))):
+        per_micro = seq_idx.split(micro) if seq_idx is not None else [None] * len(batch)
+        for rows, seqs in zip(batch.split(micro), per_micro):
             ids = rows[:, :-1]
             hidden = (model.model(input_ids=ids, use_cache=False).last_hidden_state if seqs is None
                       else packed_hidden(model, ids, None, seqs))
@@ -129,7 +130,8 @@ def run(args) -> dict:
     for r in range(4):
         for cut in sorted(torch.randint(1, 512, (8,), generator=gen).tolist()):
             seq_idx[r, cut:] += 1
-    ms = alternate({"unpacked": train_step(model, packs, 4), "packed": train_step(model, packs, 4, seq_idx)}, args.rounds)
+    steps = {"unpacked": train_step(model, packs, 4), "packed": train_step(model, packs, 4, seq_idx)}
+    ms = alternate(steps, args.rounds)
     out["packed"] = ms | {"packed_over_unpacked": ms["packed"] / ms["unpacked"]}
     out["step_speedup"] = out["step"]["speedup"]
     return out
@@ -145,7 +147,8 @@ def print_table(r: dict) -> None:
     for label, m in r["scan"].items():
         table.add_row(f"scan fwd+bwd, {label}", f"{m['transformers']:.1f}", f"{m['ours']:.1f}", f"{m['speedup']:.2f}x")
     s = r["step"]
-    table.add_row("tiny pretraining step, 16x256", f"{s['transformers']:.0f}", f"{s['ours']:.0f}", f"{s['speedup']:.2f}x")
+    table.add_row("tiny pretraining step, 16x256", f"{s['transformers']:.0f}", f"{s['ours']:.0f}",
+                  f"{s['speedup']:.2f}x")
     p = r["packed"]
     table.add_row("SFT step 4x512, packed (ours) vs unpacked", "refuses", f"{p['packed']:.0f} vs {p['unpacked']:.0f}",
                   f"packing costs {p['packed_over_unpacked'] - 1:+.0%}")
