@@ -109,7 +109,9 @@ def test_the_terminal_is_quiet_and_the_log_file_keeps_the_rest(pipeline_run):
     log = Path(summary["log_file"])
     assert log.parent == workdir.resolve() / "logs"
     kept = log.read_text()
-    assert "Finished in state Completed()" in kept and "falling back to its reference" in kept
+    # Prefect's lifecycle lines are kept (transformers' "falling back to its reference" warning no longer
+    # comes up in these stages: their Mamba layers run our functions, model/mamba_torch.py)
+    assert "Finished in state Completed()" in kept and "Starting temporary server" in kept
     assert "pretrain: hands on " in kept
 
 
