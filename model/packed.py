@@ -11,9 +11,9 @@ thing if nothing flows between them. Per layer type:
   call hands `seq_idx` to the mixers, which pass it to their two functions: mamba-ssm's and
   causal-conv1d's kernels on a GPU that has them, otherwise ours (model/mamba_torch.py, which
   `packed_hidden` installs: transformers' own reference functions refuse `seq_idx`). Either way
-  no conv tap and no SSM state crosses a document boundary, exactly (not by a large negative
-  decay), so the packed output equals the per-document output up to float rounding
-  (tests/model/test_packed.py).
+  no conv tap and no SSM state crosses a document boundary (the scan drops those terms, not by a
+  large negative decay; our conv subtracts the few crossing taps again), so the packed output
+  equals the per-document output up to float rounding (tests/model/test_packed.py).
 
 `packed_forward(model, input_ids, position_ids, seq_idx)` returns logits;
 `packed_hidden(...)` the final hidden states (what objectives and MTP heads use).
