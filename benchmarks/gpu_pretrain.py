@@ -11,7 +11,7 @@ hang of one leaves the others standing; vLLM and the trainer never hold the GPU 
 prints the rows together. Each row is a small JSON dict: what, status (ok | not installed |
 failed | skipped), tokens_per_s, mfu, kernels, note.
 
-- pretrain: a `--preset` model from model/build.py, trained by model/engine.py's Trainer in bf16
+- pretrain: a `--preset` model from model/build.py, trained by model/trainer.py's Trainer in bf16
   on CUDA over one fixed random batch (the loader is not what is measured). tokens/s and MFU are
   the Trainer's own per-step metrics (train/tokens_per_s, train/mfu: model/mfu.py, the dense
   bf16 peak of the GPU's data sheet), the median over the steps after `--warmup`. The kernels
@@ -148,7 +148,7 @@ def run_pretrain(args) -> dict[str, Any]:
 
     from stagewise.model.build import build_model
     from stagewise.model.config import ModelConfig, TrainConfig
-    from stagewise.model.engine import Trainer
+    from stagewise.model.trainer import Trainer
     from stagewise.model.objectives import LMObjective
 
     hf_logging.set_verbosity_error()

@@ -4,10 +4,10 @@
 
 All three modes run in this one process, one after the other, from the same checkpoint (loaded
 afresh for each), with the same seed, prompts, group size and step count, built from the
-library pieces the RL stage uses: tasks/rl.py's RLWiring (chat-templated prompts, verifier
+library pieces the RL stage uses: eval/rl_wiring.py's RLWiring (chat-templated prompts, verifier
 rewards), data/rl_sampler.py's sampler, model/rl_batches.py's RolloutBatches (rollouts,
 dynamic sampling, advantages), model/objectives/grpo.py's GRPOObjective and
-model/engine.py's Trainer.
+model/trainer.py's Trainer.
 - synchronous: each step samples its rollouts from its own starting weights, then trains;
 - off-policy:  step s+1's rollouts are sampled in a background thread, from the weights
                before step s trains, while step s trains (the batch is one update stale);
@@ -87,13 +87,13 @@ class Setup:
         from stagewise.data.chat import install_chat_template
         from stagewise.eval.rewards import RewardConfig
         from stagewise.eval.heldout import end_ids
-        from stagewise.tasks.rl import RLWiring, load_tasks
+        from stagewise.eval.rl_wiring import RLWiring, load_rows
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(args.checkpoint))
         if not self.tokenizer.chat_template:
             install_chat_template(self.tokenizer)
-        train = [r for d in args.domains for r in load_tasks(args.rows / f"rl_{d}.jsonl", d, None, None)]
-        heldout = [r for r in load_tasks(args.rows / "rl_eval.jsonl", "heldout", None, None) if r.domain in args.domains]
+        train = [r for d in args.domains for r in load_rows(args.rows / f"rl_{d}.jsonl", d, None, None)]
+        heldout = [r for r in load_rows(args.rows / "rl_eval.jsonl", "heldout", None, None) if r.domain in args.domains]
         heldout = round_robin(heldout, lambda r: r.domain, args.heldout)
         self.wiring = RLWiring(self.tokenizer, train + heldout,
                                RewardConfig(accuracy=1.0, format=args.format_weight), reasoning=False)
@@ -109,7 +109,7 @@ class Setup:
 def heldout(generator, setup: Setup, args) -> dict[str, float]:
     """Greedy and pass@1 held-out accuracy over all held-out prompts (each prompt weighs the same)."""
     from stagewise.model.rl_batches import pass_rates
-    from stagewise.tasks.rl import by_domain
+    from stagewise.eval.rl_wiring import by_domain
 
     if not setup.heldout_ids:
         return {}
@@ -141,7 +141,7 @@ def run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path)
 def _run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path, policy, generator) -> dict:
     from stagewise.data.rl_sampler import CurriculumSampler
     from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
-    from stagewise.model.engine import Trainer
+    from stagewise.model.trainer import Trainer
     from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective
     from stagewise.model.rl_batches import RolloutBatches, RolloutSettings
 

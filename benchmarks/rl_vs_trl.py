@@ -5,14 +5,14 @@ SFT checkpoint, on the same rows, rewards and wall-clock budget.
 
 Both trainers start from the same checkpoint (loaded afresh for each), train on the same RL rows
 (the demo world's arithmetic and JSON-answer sums, drawn 0.6 / 0.4 as the demo recipe does), with
-the same reward (tasks/rl.py's RLWiring: the rows' verifiers, accuracy 1 + format 0.1), the same
+the same reward (eval/rl_wiring.py's RLWiring: the rows' verifiers, accuracy 1 + format 0.1), the same
 group size, prompts per rollout batch, optimizer steps per rollout batch, learning rate (constant,
 AdamW, no weight decay), response length and temperature, for the same wall-clock budget: each
 stops at its first optimizer step past `--budget-s` seconds from the start of training.
 
 - ours: the RL stage's pieces as the stage wires them (flows/rl.py `_on_torch`: data/rl_sampler's
-  sampler, model/rl_batches' RolloutBatches, model/objectives/grpo's GRPOObjective, model/engine's
-  Trainer, the config from `steps_train_config`), with the recipe's `stages.rl` block: leave-one-out
+  sampler, model/rl_batches' RolloutBatches, model/objectives/grpo's GRPOObjective, model/trainer's
+  Trainer, the config from the block's `steps_train_config`), with the recipe's `stages.rl` block: leave-one-out
   advantages without std scaling, groups without reward variance dropped (dynamic sampling), each
   rollout batch trained as `minibatches` steps (shortest rows first, padding cut), π_old the
   trainer's at the sampling weights, masked IS, clip 0.2 / 0.28, no KL.
@@ -72,7 +72,7 @@ class Setup:
         from stagewise.eval.heldout import end_ids
         from stagewise.eval.splits import split_rows
         from stagewise.recipe.loader import load_recipe
-        from stagewise.tasks.rl import RLWiring, load_tasks
+        from stagewise.eval.rl_wiring import RLWiring, load_rows
 
         loaded = load_recipe(args.recipe, args.set)
         self.seed = loaded.recipe.seed if args.seed is None else args.seed
@@ -81,8 +81,8 @@ class Setup:
         self.tokenizer = AutoTokenizer.from_pretrained(str(args.checkpoint))
         if not self.tokenizer.chat_template:
             install_chat_template(self.tokenizer)
-        train = [r for d in self.ratios for r in load_tasks(args.rows / f"rl_{d}.jsonl", d, None, None)]
-        heldout = [r for r in load_tasks(args.rows / "rl_eval.jsonl", "heldout", None, None) if r.domain in self.ratios]
+        train = [r for d in self.ratios for r in load_rows(args.rows / f"rl_{d}.jsonl", d, None, None)]
+        heldout = [r for r in load_rows(args.rows / "rl_eval.jsonl", "heldout", None, None) if r.domain in self.ratios]
         test = split_rows(heldout, lambda r: prompt_key(r.row), loaded.recipe.seed)["test"]
         self.wiring = RLWiring(self.tokenizer, train + test, self.block.rewards, reasoning=False)
         self.by_domain: dict[str, list[tuple[str, float]]] = {}
@@ -98,7 +98,7 @@ def score_test(model, setup: Setup, args, device: torch.device) -> dict[str, flo
     """pass@1 per domain and over all test prompts (each prompt weighs the same)."""
     from stagewise.model.rl_batches import pass_rates
     from stagewise.model.rollout import make_generator
-    from stagewise.tasks.rl import by_domain
+    from stagewise.eval.rl_wiring import by_domain
 
     ro = setup.block.rollout
     generator = make_generator("hf", model, setup.end_ids, setup.pad_id, device=device)
@@ -112,13 +112,12 @@ def score_test(model, setup: Setup, args, device: torch.device) -> dict[str, flo
 def run_ours(setup: Setup, args, device: torch.device, workdir: Path) -> tuple[torch.nn.Module, dict]:
     """Our RL stage's loop for the budget; the trained policy and what it did."""
     from stagewise.data.rl_sampler import CurriculumSampler
-    from stagewise.flows.rl import steps_train_config
     from stagewise.model.build import load_model
-    from stagewise.model.engine import Trainer
     from stagewise.model.objectives.grpo import GRPOObjective
     from stagewise.model.rl_batches import RolloutBatches
     from stagewise.model.rollout import make_generator
     from stagewise.model.runtime import RuntimeConfig, resolve_runtime
+    from stagewise.model.train_spec import make_trainer
 
     block, ro = setup.block, setup.block.rollout.model_copy(update={"off_policy": False})
     policy = load_model(args.checkpoint, device=device)
@@ -128,8 +127,8 @@ def run_ours(setup: Setup, args, device: torch.device, workdir: Path) -> tuple[t
     batches = RolloutBatches(policy, generator, setup.wiring.prompts, sampler, setup.wiring.score, ro, setup.seed,
                              setup.pad_id)
     runtime = resolve_runtime(RuntimeConfig(device=device.type, precision="fp32" if device.type == "cpu" else "auto"))
-    cfg = steps_train_config(block.model_copy(update={"steps": 100_000, "checkpoint_every_steps": None}), ro,
-                             setup.wiring.prompts, runtime)
+    cfg = block.model_copy(update={"steps": 100_000, "checkpoint_every_steps": None}).steps_train_config(
+        setup.wiring.prompts, runtime)
     records: list[dict[str, float]] = []
     clock = {"start": None}
 
@@ -146,8 +145,9 @@ def run_ours(setup: Setup, args, device: torch.device, workdir: Path) -> tuple[t
     def log(rows) -> None:
         records.extend(dict(metrics) for _, _, metrics in rows)
 
-    trainer = Trainer(policy, cfg, Budgeted(), GRPOObjective(block.loss), workdir / "ours", stage="rl",
-                      tokenizer_dir=str(args.checkpoint), recipe_hash="bench", log=log, device=device, progress=False)
+    trainer = make_trainer(policy, cfg, Budgeted(), GRPOObjective(block.loss), out_dir=workdir / "ours", stage="rl",
+                           tokenizer_dir=str(args.checkpoint), recipe_hash="bench", log=log, device=device,
+                           progress=False)
     with trainer:
         try:
             trainer.fit()

@@ -6,7 +6,7 @@ Same model (one initialisation copied twice), same fixed batch, same geometry:
 - bare:   for each micro-batch: forward, cross-entropy, backward; AdamW step; zero_grad
           (same AdamW implementation flags and autocast as the engine, so only the engine's
           own work differs);
-- engine: model.engine.Trainer with default settings: schedule, clipping, gradient stats,
+- engine: model.trainer.Trainer with default settings: schedule, clipping, gradient stats,
           NaN guard, routing and activation monitors, metric buffering, logging each step.
 The two are timed in alternating short rounds after warmup and the median step time of
 each counts, so a neighbour's load on a shared machine hits both alike. On a busy shared
@@ -40,7 +40,7 @@ import torch.nn.functional as F  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from stagewise.model.config import ModelConfig, TrainConfig  # noqa: E402
-from stagewise.model.engine import Trainer  # noqa: E402
+from stagewise.model.trainer import Trainer  # noqa: E402
 from stagewise.model.objectives import LMObjective  # noqa: E402
 from stagewise.model.optim import speed_flags  # noqa: E402
 from stagewise.model.step import autocast, resolve_precision  # noqa: E402

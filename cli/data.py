@@ -347,7 +347,7 @@ def data_profile(
         raise BadInput("--set applies to a recipe, not to a SOURCE file")
     else:
         report, out_dir, stem = _file_profile(target, tokenizer, seq_length, limit)
-    from stagewise.tasks.data_profile import write_profile
+    from stagewise.eval.data_profile_files import write_profile
 
     paths = write_profile(out or out_dir, report, stem, f"Data profile of {target.name}")
     summary = {**report.model_dump(mode="json"), "outputs": paths}

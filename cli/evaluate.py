@@ -122,8 +122,8 @@ def eval_cmd(
 
 
 def _eval_rows(checkpoint: Path, rows: Path, *, as_json: bool, **settings) -> None:
-    """`eval --rows`: eval/task_rows.py's scores, as a table of domains or as JSON."""
-    from stagewise.eval.task_rows import score_rows
+    """`eval --rows`: eval/score_rows.py's scores, as a table of domains or as JSON."""
+    from stagewise.eval.score_rows import score_rows
 
     if not rows.exists():
         raise BadInput(f"--rows: {rows}: no such file or directory")

@@ -71,7 +71,7 @@ def serve_cmd(
 
     from stagewise.deployments.catalog import build_deployments, check_cron
 
-    from stagewise.deployments.form_policy import serving_policy
+    from stagewise.recipe.form_policy import serving_policy
     from stagewise.flows.pipeline import tracker_for
 
     path = resolve_recipe(recipe) if recipe is not None else shipped_recipe("tiny")

@@ -61,7 +61,7 @@ class LongContextBatch:
     def lengths(self) -> list[int]:
         return [mb.shape[1] - 1 for mb in self.micro_batches]
 
-    # The three calls model.engine.Trainer makes on a global batch: the micro-batches are
+    # The three calls model.trainer.Trainer makes on a global batch: the micro-batches are
     # already formed (one length each, sized by micro_batch_tokens), so `split` hands them
     # over as they are, and the LM objective's denominator (sum of rows x length) is the
     # step's token count: the loss is normalised by tokens, not by sequences.

@@ -390,3 +390,16 @@ def profile_file(path: Path, tokenizer: Any, tokenizer_name: str, limits: Mappin
     report = curate(path, cfg, max_reject_rate=1.0)
     conv = profile_conversations(path.stem, path, report.kept, tokenizer, report.to_dict(), None, limits, cfg)
     return build_profile([], [conv], tokenizer_name, cfg)
+
+
+def profile_metrics(report: DataProfile) -> dict[str, float]:
+    """The few numbers worth a chart: per source mean/p99 tokens, per domain shares, the top tool's share."""
+    out: dict[str, float] = {"data/profile/warnings": len(report.warnings)}
+    for s in report.sft_sources:
+        out |= {f"data/profile/{s.name}/tokens_mean": s.tokens.mean, f"data/profile/{s.name}/tokens_p99": s.tokens.p99}
+    for d in report.domains:
+        out |= {f"data/profile/domain/{d.domain}/conversation_share": d.conversation_share,
+                f"data/profile/domain/{d.domain}/token_share": d.token_share}
+    if report.tools.top_share is not None:
+        out["data/profile/tools/top_share"] = report.tools.top_share
+    return out

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from stagewise.data.content_hash import step_hash
 from stagewise.data.curate import CurationError, curate
+from stagewise.data.digest import file_sha256
 from stagewise.data.reasoning_switch import SwitchSetting
 from stagewise.data.sft_config import CurateConfig, SFTBlend, SFTDataSource
 
@@ -86,6 +88,17 @@ def read_sample(path: str | Path) -> list[tuple[str, dict]]:
 def tokenizer_files(tokenizer_dir: str | Path) -> list[Path]:
     """The files of a tokenizer directory that decide tokenization (what a pack digest covers)."""
     return [p for p in sorted(Path(tokenizer_dir).glob("*")) if p.is_file() and p.name.startswith(TOKENIZER_FILES)]
+
+
+def tokenizer_digest(tokenizer_dir: str | Path) -> str:
+    """A hash of the files that decide how the tokenizer tokenizes (what a step over its tokens depends on)."""
+    return step_hash("tokenizer", [file_sha256(Path(p)) for p in tokenizer_files(tokenizer_dir)])
+
+
+def pack_seed(seed: int, index: int) -> int:
+    """The seed sub-stage `index` samples, packs and picks its reasoning-off conversations with
+    (what an engine that re-reads the sample must use to pick the same ones)."""
+    return seed + index
 
 
 # --------------------------------------------------------------------------- curation

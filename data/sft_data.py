@@ -34,7 +34,7 @@ KEYS = ("input_ids", "labels", "position_ids", "seq_idx")
 class PackedBatch(dict):
     """A dict of [rows, pack_size] tensors that also answers the three tensor calls the
     engine makes on a global batch (`.to`, `.split(micro_batch)`, `.device`), so
-    model.engine.Trainer splits it into micro-batches without knowing it is not a tensor."""
+    model.trainer.Trainer splits it into micro-batches without knowing it is not a tensor."""
 
     def to(self, device, non_blocking: bool = False) -> "PackedBatch":
         return PackedBatch({k: v.to(device, non_blocking=non_blocking) for k, v in self.items()})

@@ -49,10 +49,11 @@ def _on_bad(src: SourceConfig, bad_lines: dict[str, int] | None) -> OnBad:
     return skip
 
 
-def resolve_path(path: str, base_dir: Path, world_dir: Path | None) -> Path:
-    """`@world/x` -> world_dir/x; a relative path -> base_dir/path; absolute paths unchanged."""
+def resolve_path(path: str, base_dir: str | Path, world_dir: str | Path | None) -> Path:
+    """`@world/x` -> world_dir/x; a relative path -> base_dir/path (the recipe's directory); absolute
+    paths unchanged. The one way every stage resolves a path the recipe names."""
     if path.startswith(WORLD_PREFIX):
-        if world_dir is None:
+        if not world_dir:
             raise SourceError(f"{path}: an {WORLD_PREFIX} path needs the demo world (set data.world)")
         return Path(world_dir) / path[len(WORLD_PREFIX):]
     p = Path(path).expanduser()

@@ -33,7 +33,7 @@ import subprocess
 from collections.abc import Callable
 
 from stagewise.engines.megatron.release import MEGATRON_BRIDGE_RELEASE
-from stagewise.recipe.blocks.engine import LaunchConfig
+from stagewise.engines.config import LaunchConfig
 
 ENGINE_MODULES: dict[str, str] = {"megatron": "megatron.bridge", "nemo_rl": "nemo_rl"}
 """The module each launched engine's environment must provide."""

@@ -10,26 +10,26 @@ stage's start: each problem as (yaml path, why, path whose line to cite).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from stagewise.engines import LAUNCHED_GATE
-from stagewise.recipe.blocks.launch_text import MOUNT_BREAKERS
+from stagewise.engines.launch_text import MOUNT_BREAKERS
+from stagewise.engines.megatron.checks import megatron_problems
+from stagewise.engines.nemo_rl.checks import nemo_rl_problems
 
-if TYPE_CHECKING:
-    from stagewise.recipe.schema import Recipe
 
-
-def engine_problems(r: Recipe) -> list[tuple[str, str, str]]:
+def engine_problems(r: Any) -> list[tuple[str, str, str]]:
     """Each trainable stage's engine is one its block can have, a launched engine says where it runs,
-    and what the engine's translation would refuse at the stage's start is found now."""
-    from stagewise.engines.megatron.checks import megatron_problems
-    from stagewise.engines.nemo_rl.checks import nemo_rl_problems
-    from stagewise.recipe.schema import engines_by_stage
+    and what the engine's translation would refuse at the stage's start is found now.
 
+    `r` is a validated Recipe (recipe/schema.py); the engines a stage can have are its block's
+    `ENGINES` (blocks without one have no engine). Typed loosely because the recipe imports this room,
+    not the other way round."""
     out = []
-    for name, engines in engines_by_stage().items():
+    for name in type(r.stages).model_fields:
         block = getattr(r.stages, name)
-        if block is None:
+        engines = getattr(type(block), "ENGINES", None)
+        if block is None or engines is None:
             continue
         at = f"stages.{name}"
         if block.engine not in engines:

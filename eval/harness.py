@@ -5,7 +5,7 @@
 
 A training flow evaluates the weights it holds (no reload from disk) through lm-eval's
 HFLM; `run_checkpoint` does the same for a checkpoint directory. A suite entry
-(eval/task_spec.py) is one of our local `world_*` tasks (eval/tasks/), or a standard lm-eval
+(eval/task_spec.py) is one of our local `world_*` tasks (eval/benchmarks/), or a standard lm-eval
 task on local files (`gsm8k@FOLDER`, eval/standard_tasks.py), optionally through the model's
 chat template (`chat:gsm8k@FOLDER`). Nothing is downloaded: a standard task without its files
 is refused. lm-eval's TaskManager indexes only our local tasks (instant); a standard task is
@@ -31,7 +31,7 @@ from stagewise.data.errors import BadInput
 from stagewise.eval.standard_tasks import StandardTask, UnknownTaskError, check_standard
 from stagewise.eval.task_spec import CHAT_PREFIX, TaskSpec, parse_task
 from stagewise.eval.task_yaml import task_config
-from stagewise.eval.tasks import TASKS_DIR
+from stagewise.eval.benchmarks import TASKS_DIR
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def _check(tasks: list[str]) -> tuple[SuiteTasks, list[tuple[int, str]], int]:
 def _local_entry_problems(spec: TaskSpec) -> list[str]:
     out = []
     if spec.data:
-        out.append(f"{spec.text}: {spec.name} is a local task with its own items (eval/tasks/data/); drop @{spec.data}")
+        out.append(f"{spec.text}: {spec.name} is a local task with its own items (eval/benchmarks/data/); drop @{spec.data}")
     if spec.chat:
         out.append(f"{spec.text}: {CHAT_PREFIX} renders a standard task's prompts with the chat template; the local "
                    f"tasks' items are already written as the model reads them (world_chat_format's as chat turns)")
@@ -310,7 +310,7 @@ def metric_name(task: str, metric: str, filt: str, filters: int) -> str:
 
 @cache
 def local_tasks() -> dict[str, dict[str, Any]]:
-    """Every local task of eval/tasks/ (a YAML with a `task:` name) by name, its config resolved."""
+    """Every local task of eval/benchmarks/ (a YAML with a `task:` name) by name, its config resolved."""
     configs = [task_config(p) for p in sorted(TASKS_DIR.glob("*.yaml"))]
     return {c["task"]: c for c in configs if isinstance(c.get("task"), str)}
 

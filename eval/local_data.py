@@ -5,7 +5,7 @@
 
 A file's split is its name up to the first `.` or `-`. lm-eval hands a task's `dataset_kwargs`
 to its `custom_dataset` function; `load` is that function for standard tasks on local files
-(eval/standard_tasks.py), and our local tasks' loader (eval/tasks/world_data.py) calls it too.
+(eval/standard_tasks.py), and our local tasks' loader (eval/benchmarks/world_data.py) calls it too.
 It builds the Dataset in memory: datasets' own `json`/`parquet` builders would also work
 offline, but write an Arrow cache under ~/.cache and resolve relative paths against the
 current directory.

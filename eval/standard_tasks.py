@@ -162,7 +162,7 @@ def _columns(config: dict[str, Any], process_docs: Any) -> tuple[tuple[str, ...]
 # --------------------------------------------------------------------------- the checks
 
 class UnknownTaskError(BadInput):
-    """A task name neither lm-eval nor eval/tasks/ knows."""
+    """A task name neither lm-eval nor eval/benchmarks/ knows."""
 
 
 def check_standard(spec: TaskSpec, local: list[str]) -> StandardTask:
@@ -266,7 +266,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def unknown_task(name: str, local: list[str]) -> BadInput:
-    """A name neither eval/tasks/ nor lm-eval's YAMLs declare as a task (a group, or unknown: the close names)."""
+    """A name neither eval/benchmarks/ nor lm-eval's YAMLs declare as a task (a group, or unknown: the close names)."""
     import difflib
 
     if is_group(name):

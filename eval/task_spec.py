@@ -1,6 +1,6 @@
 """One entry of an eval suite: which task, on which local files, and whether through the chat template.
 
-    world_lookup                  a local task of eval/tasks/ (or its tag, `world`)
+    world_lookup                  a local task of eval/benchmarks/ (or its tag, `world`)
     gsm8k@evaldata/gsm8k          a standard lm-eval task, its dataset replaced by the files in a folder
     chat:gsm8k@evaldata/gsm8k     the same, its prompts rendered by the model's own chat template
 

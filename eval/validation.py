@@ -10,10 +10,14 @@ how shards are stored (data/ does), which keeps eval importable on its own.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from stagewise.data.prepare import PreparedData
+from stagewise.data.shards import TokenShard
 
 
 def _windows(tokens: np.ndarray, seq_length: int, max_tokens: int) -> torch.Tensor:
@@ -69,3 +73,9 @@ def validation_loss(
         return out
     finally:
         model.train(was_training)
+
+
+def val_streams(prepared_root: Path) -> dict:
+    """Every source's validation token stream of a prepared data directory (sources without one left out)."""
+    prepared = PreparedData.load(prepared_root)
+    return {name: TokenShard.open(src.val).tokens for name, src in prepared.sources.items() if src.val_tokens > 0}

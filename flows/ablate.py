@@ -30,9 +30,9 @@ from stagewise.recipe.params import MLFLOW_PARAM_MAX
 from stagewise.flows.registry import registered
 from stagewise.flows.stage import StageContext, Upstream
 from stagewise.model.runtime import Runtime
-from stagewise.tasks.policy import once, run_logger
+from stagewise.store.policy import once, run_logger
 from stagewise.eval.splits import is_test_metric
-from stagewise.store.refs import StageResult
+from stagewise.refs import StageResult
 from stagewise.store.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker
 
 ABLATION_TAG = "stagewise.ablation"

@@ -64,52 +64,13 @@ def parse_variants(texts: list[str]) -> list[Variant]:
     return [Variant(n, tuple(o)) for n, o in order.items()]
 
 
-def _steps(tokens: int, per_step: int, fraction: float) -> int:
-    """`fraction` of `tokens`, in whole steps of `per_step` tokens, at least one step."""
-    return max(1, round(tokens * fraction / per_step)) * per_step
-
-
-def _train_budget(at: str, stage, tokens_per_step: int, fraction: float) -> list[str]:
-    """A token-budgeted stage scaled: its tokens, warmup and checkpoint interval shrink together, and its
-    gate is left out (its targets and marks are the whole budget's: a shortened run would miss them)."""
-    tokens = _steps(stage.tokens, tokens_per_step, fraction)
-    out = [f"{at}.tokens={tokens}"] + ([f"{at}.gate=null"] if getattr(stage, "gate", None) is not None else [])
-    if stage.schedule.warmup_tokens:
-        out.append(f"{at}.schedule.warmup_tokens={min(int(stage.schedule.warmup_tokens * fraction), tokens // 2)}")
-    if stage.checkpoint_every_tokens:
-        out.append(f"{at}.checkpoint_every_tokens={_steps(stage.checkpoint_every_tokens, tokens_per_step, fraction)}")
-    return out
-
-
-def _step_budget(at: str, steps: int, every: int | None, fraction: float) -> list[str]:
-    out = [f"{at}.steps={max(1, round(steps * fraction))}"]
-    if every:
-        out.append(f"{at}.checkpoint_every_steps={max(1, round(every * fraction))}")
-    return out
-
-
 def budget_overrides(recipe: Recipe, stage: str, fraction: float) -> list[str]:
-    """The `--set` overrides that give `stage` `fraction` of its training budget (none at 1.0, and
-    none for merge and quantize, which do not train)."""
+    """The `--set` overrides that give `stage` `fraction` of its training budget: none at 1.0, else
+    what its recipe block declares (`budget_overrides`, recipe/blocks/contract.py; none for merge and
+    quantize, which do not train)."""
     if fraction == 1.0:
         return []
-    block = getattr(recipe.stages, stage)
-    if stage == "pretrain":
-        return _train_budget("stages.pretrain", block, block.tokens_per_step, fraction)
-    if stage == "long_context":
-        return _train_budget("stages.long_context", block, block.data.global_batch_tokens, fraction)
-    if stage == "sft":
-        return [o for i, s in enumerate(block.stages)
-                for o in _train_budget(f"stages.sft.stages[{i}]", s, s.tokens_per_step, fraction)]
-    if stage == "rl":
-        return _step_budget("stages.rl", block.steps, block.checkpoint_every_steps, fraction)
-    if stage == "distill":
-        rl_steps = recipe.stages.rl.steps if recipe.stages.rl else None  # a teacher's `rl` overrides stages.rl
-        teachers = [f"stages.distill.teachers[{i}].rl.steps={max(1, round(steps * fraction))}"
-                    for i, t in enumerate(block.teachers) if t.rl is not None
-                    for steps in [t.rl.get("steps", rl_steps)] if steps]
-        return _step_budget("stages.distill", block.steps, block.checkpoint_every_steps, fraction) + teachers
-    return []
+    return getattr(recipe.stages, stage).budget_overrides(f"stages.{stage}", fraction, recipe)
 
 
 def ablatable() -> list[str]:
@@ -117,27 +78,25 @@ def ablatable() -> list[str]:
     return [s.name for s in REGISTRY if not s.needs]
 
 
-def _check_distill_alone(block) -> None:
-    """Distillation names earlier stages' results (`student: sft`, `stage:` teachers): alone, they are not there."""
-    from stagewise.recipe import STAGE_ORDER
-
-    named = [f"stages.distill.teachers[{i}].stage: {t.stage}" for i, t in enumerate(block.teachers) if t.stage]
-    if block.student in STAGE_ORDER:
-        named.insert(0, f"stages.distill.student: {block.student}")
+def _check_alone(block, stage: str) -> None:
+    """A block that names earlier stages' results (distillation's `student: sft`, `stage:` teachers):
+    alone, they are not there."""
+    named = block.results_named(f"stages.{stage}") if hasattr(block, "results_named") else []
     if named:
-        raise RecipeError([f"--stage distill: an ablation runs the stage alone, without the earlier stages these name; "
+        raise RecipeError([f"--stage {stage}: an ablation runs the stage alone, without the earlier stages these name; "
                            f"give them as checkpoint directories (--set ...student=DIR, teachers[i]={{..., checkpoint: DIR}}) "
                            f"or as --from: {'; '.join(named)}"])
 
 
 def _check_stage(base: LoadedRecipe, stage: str, start: str | None) -> str | None:
     if stage not in ablatable():
+        needing = [s for s in REGISTRY if s.needs]
         raise RecipeError([f"--stage {stage!r}: an ablation runs one stage alone; choose one of "
-                           f"{', '.join(ablatable())} (merge and long_context read pretraining's results)"])
+                           f"{', '.join(ablatable())} ({' and '.join(s.name for s in needing)} read "
+                           f"{' and '.join(dict.fromkeys(n for s in needing for n in s.needs))}'s results)"])
     if getattr(base.recipe.stages, stage) is None:
         raise RecipeError([f"--stage {stage}: the recipe {base.path} has no stages.{stage} block"])
-    if stage == "distill":
-        _check_distill_alone(base.recipe.stages.distill)
+    _check_alone(getattr(base.recipe.stages, stage), stage)
     if registered(stage).start != "handed_on":
         return None
     start = start or base.recipe.model.from_

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from stagewise.store.refs import StageResult
+from stagewise.refs import StageResult
 from stagewise.store.tracking import Tracker
 
 if TYPE_CHECKING:

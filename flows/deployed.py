@@ -9,7 +9,7 @@ The flow checks its parameters before any work, with the same code and the same 
 message as the CLI (`<yaml.path>: <why> (<file>:<line>)`): a bad override, a stage the recipe
 lacks or a selection that cannot start raises BadInput, so the flow run ends Failed with that
 message and nothing is trained or written under the workdir. Before that, the operator's boundary
-(deployments/form_policy.py): a recipe outside the served roots, or an override key the server does
+(recipe/form_policy.py): a recipe outside the served roots, or an override key the server does
 not open to forms, fails the flow run the same way, naming the parameter and the key. Prefect's own parameter
 validation is off (`validate_parameters=False`) so the located message, not a pydantic dump,
 is what a person reads; the server still refuses values outside the form's schema when a
@@ -24,7 +24,7 @@ from typing import Literal, Optional
 
 from prefect import flow
 
-from stagewise.deployments.form_policy import form_policy
+from stagewise.recipe.form_policy import form_policy
 from stagewise.flows.ablate_plan import ablatable
 from stagewise.recipe import LoadedRecipe, available_stages, load_recipe, select_stages
 from stagewise.recipe.shipped import resolve_recipe
@@ -62,7 +62,7 @@ def run_recipe_flow(
     """
     from stagewise.recipe.doctor import diagnose, failing
     from stagewise.flows.pipeline import run_pipeline  # the stages (torch) load only once the input is good
-    from stagewise.tasks.policy import run_logger
+    from stagewise.store.policy import run_logger
 
     policy = form_policy()  # the operator's boundary (stagewise serve), before anything is read
     recipe = str(policy.admit_file(recipe, "recipe"))

@@ -36,15 +36,15 @@ from pydantic import BaseModel
 from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec, teacher_rl_block
 from stagewise.data.reasoning_switch import SwitchSetting, switch_spec
 from stagewise.recipe import Recipe
-from stagewise.flows.rl import (WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows,
-                      steps_train_config)
+from stagewise.flows.rl import WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows
 from stagewise.recipe.blocks.on_policy import block_spec
 from stagewise.recipe.blocks.rl import RLData, RLStage
 from stagewise.flows.stage import (Signal, Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point,
                          reused_result, stage_run, start_checkpoint)
-from stagewise.tasks.policy import run_logger
-from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
+from stagewise.store.policy import run_logger
+from stagewise.refs import CheckpointRef, StageResult, StageSummary
 from stagewise.store.steps import step_dir, value_of
+from stagewise.eval.score_memo import ScoreMemo
 
 STAGE = "distill"
 TARGET = "distill/test/student/pass_at_1/all"
@@ -188,6 +188,7 @@ class _Evaluator:
         self.heldout = {split: round_robin([r for r in held if r.domain in domains], lambda r: r.domain,
                                            block.data.heldout_limit) for split, held in rows.split(ctx.seed).items()}
         self.tokenizer, self.wired = None, None
+        self.memo = ScoreMemo(ctx.stages_root)  # the student is RL's start: its scores are read back
 
     def wiring(self, checkpoint: str):
         """Prompts and verifiers, made once (every checkpoint here shares the student's tokenizer)."""
@@ -195,7 +196,7 @@ class _Evaluator:
             from transformers import AutoTokenizer
 
             from stagewise.data.chat import install_chat_template
-            from stagewise.tasks.rl import RLWiring
+            from stagewise.eval.rl_wiring import RLWiring
 
             self.tokenizer = install_chat_template(AutoTokenizer.from_pretrained(checkpoint))  # ours where none
             self.wired = RLWiring(self.tokenizer, self.rows.train + [r for held in self.heldout.values() for r in held],
@@ -207,7 +208,7 @@ class _Evaluator:
         from stagewise.eval.heldout import end_ids
         from stagewise.model.build import load_model
         from stagewise.model.rollout.hf import HFGenerator
-        from stagewise.tasks.rl import ScoresCache, heldout_eval_task
+        from stagewise.tasks.rl import heldout_eval_task
 
         if not ids:
             return {}
@@ -219,8 +220,7 @@ class _Evaluator:
         ro = cfg.rollout
         return value_of(heldout_eval_task(generator, wiring, ids, self.block.data.heldout_samples, ro.max_new_tokens,
                                           ro.temperature, self.ctx.seed, self.ctx.tracker, self.run_id, (at, 0),
-                                          prefix=prefix, cache=ScoresCache(str(self.ctx.stages_root),
-                                                                           checkpoint_hash(checkpoint))))
+                                          prefix=prefix, memo=self.memo, weights=checkpoint_hash(checkpoint)))
 
     def student(self, checkpoint: str, at: int, splits: tuple[str, ...] = ("dev", "test")) -> dict[str, float]:
         """The student on `splits`: distill/dev/student/... and distill/test/student/..."""
@@ -328,11 +328,12 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
     from stagewise.eval.heldout import end_ids
     from stagewise.model.build import load_model
     from stagewise.model.distill_batches import DistillBatches
-    from stagewise.model.engine import Trainer
+    from stagewise.eval.rl_wiring import RLWiring
     from stagewise.model.objectives.grpo import GRPOObjective
     from stagewise.model.rollout import make_generator
     from stagewise.model.teachers import TeacherRouter, make_teacher
-    from stagewise.tasks.rl import RLWiring, rl_metric_log, rl_train_task
+    from stagewise.model.train_spec import make_trainer
+    from stagewise.tasks.rl import rl_metric_log, rl_train_task
 
     cfg, device = block.stage, ctx.runtime.device
     refused = backend_problem(cfg.backend, str(device))
@@ -356,10 +357,10 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
         sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps, None, ctx.seed)
         batches = DistillBatches(policy, generator, wiring.prompts, sampler, router.score, cfg.rollout, ctx.seed,
                                  pad_id, discount=cfg.discount, score=wiring.score)
-        train_cfg = steps_train_config(cfg, cfg.rollout, wiring.prompts, ctx.runtime)
-        trainer = Trainer(policy, train_cfg, batches, GRPOObjective(cfg.loss), out_dir, stage=STAGE,
-                          tokenizer_dir=student, recipe_hash=ctx.recipe_hash,
-                          log=rl_metric_log(ctx.tracker, run_id, prefix=STAGE), device=device, parent=student)
+        train_cfg = cfg.steps_train_config(wiring.prompts, ctx.runtime)
+        trainer = make_trainer(policy, train_cfg, batches, GRPOObjective(cfg.loss), out_dir=out_dir, stage=STAGE,
+                               tokenizer_dir=student, recipe_hash=ctx.recipe_hash,
+                               log=rl_metric_log(ctx.tracker, run_id, prefix=STAGE), device=device, parent=student)
         resume = resume_point(out_dir, ctx.resume)
         return value_of(rl_train_task(trainer, batches, resume.path if resume else None, ctx.tracker, run_id))
     finally:
@@ -406,7 +407,7 @@ def _round_on_nemo_rl(ctx: StageContext, block: DistillInputs, student: str, tea
     from stagewise.data.chat import load_chat_tokenizer
     from stagewise.engines.launch.stage import run_engine
     from stagewise.engines.nemo_rl.stage import distill_plan, mlflow_target, row_agents
-    from stagewise.tasks.rl import RLWiring
+    from stagewise.eval.rl_wiring import RLWiring
 
     cfg = block.stage
     _routes(cfg, rows)

@@ -25,9 +25,9 @@ from stagewise.flows.stage_loop import run_stretches
 from stagewise.recipe.blocks.long_context import LongContextStage
 from stagewise.model.config import ModelConfig, MTPConfig, TrainConfig
 from stagewise.tasks.long_context import doc_qa_task, needle_task
-from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
+from stagewise.refs import CheckpointRef, StageResult, StageSummary
 from stagewise.store.steps import step_dir, value_of
-from stagewise.tasks.train import LongContextData, TrainSpec
+from stagewise.model.train_spec import LongContextData, TrainSpec
 
 STAGE = "long_context"
 

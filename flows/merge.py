@@ -22,7 +22,7 @@ from stagewise.recipe import Recipe
 from stagewise.flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, reused_result, stage_run
 from stagewise.recipe.blocks.merge import MergeStage
 from stagewise.tasks.merge import merge_at_checkpoint_task
-from stagewise.store.refs import PreparedRef, StageResult, StageSummary
+from stagewise.refs import PreparedRef, StageResult, StageSummary
 from stagewise.store.steps import step_dir
 from stagewise.store.tracking import Tracker
 

@@ -21,8 +21,8 @@ from stagewise.data.errors import BadInput
 from stagewise.recipe import load_recipe
 from stagewise.recipe.errors import did_you_mean
 from stagewise.flows.registry import REGISTRY
-from stagewise.tasks.policy import run_logger
-from stagewise.store.refs import CheckpointRef
+from stagewise.store.policy import run_logger
+from stagewise.refs import CheckpointRef
 from stagewise.store.tracking import STAGE_TAG, Tracker
 
 RUN_NAME = "nightly-eval"
@@ -57,7 +57,7 @@ def evaluate_latest_flow(recipe: str, suite: Optional[str] = None, overrides: Op
     from stagewise.flows.pipeline import runtime_of, tracker_for
     from stagewise.tasks.evaluate import suite_task
 
-    from stagewise.deployments.form_policy import form_policy
+    from stagewise.recipe.form_policy import form_policy
 
     policy = form_policy()  # the operator's boundary (stagewise serve), before anything is read
     path = policy.admit_file(recipe, "recipe")

@@ -32,7 +32,7 @@ from stagewise.recipe.errors import cite_location, locate
 from stagewise.flows.registry import REGISTRY
 from stagewise.flows.stage import NO_START, Stage, StageContext, Upstream
 from stagewise.model.runtime import Runtime, RuntimeUnavailable, resolve_runtime
-from stagewise.store.refs import StageResult
+from stagewise.refs import StageResult
 from stagewise.store.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker, default_tracking_uri
 
 

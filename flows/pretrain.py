@@ -26,10 +26,10 @@ from stagewise.model.config import ModelConfig, TrainConfig
 from stagewise.engines.megatron.translate import megatron_precision
 from stagewise.tasks.data import prepare_data_task
 from stagewise.tasks.evaluate import loss_report_task, suite_task, validation_task
-from stagewise.store.refs import CheckpointRef, PreparedRef, StageResult, StageSummary
+from stagewise.refs import CheckpointRef, PreparedRef, StageResult, StageSummary
 from stagewise.store.steps import step_dir, value_of
 from stagewise.store.tracking import Tracker
-from stagewise.tasks.train import ShardData, TrainSpec
+from stagewise.model.train_spec import ShardData, TrainSpec
 
 STAGE = "pretrain"
 TARGET = "eval/validation/loss"

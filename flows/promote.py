@@ -206,7 +206,7 @@ def promote_flow(
         alias: The registry alias to move; default `<stage>-champion`.
         tracking_uri: The MLflow store; default MLFLOW_TRACKING_URI.
     """
-    from stagewise.deployments.form_policy import form_policy
+    from stagewise.recipe.form_policy import form_policy
     from stagewise.store.tracking import Tracker
 
     policy = form_policy()  # the operator's boundary (stagewise serve), before anything is read

@@ -30,12 +30,14 @@ from pydantic import BaseModel
 from stagewise.data.config import DataConfig, TokenizerConfig
 from stagewise.data.errors import BadInput
 from stagewise.data.sft_config import SFTWorldConfig
+from stagewise.data.sources import resolve_path
 from stagewise.recipe.blocks.quantize import QuantizeStage
 from stagewise.recipe import Recipe
 from stagewise.flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, reused_result, stage_run, start_checkpoint
-from stagewise.tasks.policy import run_logger
-from stagewise.tasks.quantize import Scoring, quantize_checkpoint
-from stagewise.store.refs import StageResult, StageSummary
+from stagewise.store.policy import run_logger
+from stagewise.eval.scoring import Scoring
+from stagewise.tasks.quantize import quantize_checkpoint
+from stagewise.refs import StageResult, StageSummary
 from stagewise.store.steps import file_hash, step_dir, value_of
 
 STAGE = "quantize"
@@ -93,14 +95,14 @@ def data_root(block: QuantizeInputs, upstream: Upstream, workdir: str, seed: int
 
 def heldout_path(block: QuantizeInputs, workdir: str, seed: int, base_dir: str, world=None) -> str | None:
     """The held-out conversations: `heldout`, else the SFT world's (generated once per seed, else reused)."""
-    from stagewise.tasks.sft_data import resolve, sft_world_task
+    from stagewise.tasks.sft_data import sft_world_task
 
     world_dir = None
     if block.sft_world is not None and (block.stage.heldout is None or block.stage.heldout.startswith("@world/")):
         world_dir = value_of((world or sft_world_task)(block.sft_world, block.sft_world.entities or block.world_entities,
                                                        seed, workdir))
     path = block.stage.heldout or ("@world/sft_eval.jsonl" if world_dir else None)
-    return str(resolve(path, base_dir, world_dir)) if path else None
+    return str(resolve_path(path, base_dir, world_dir)) if path else None
 
 
 def quantize_spec(block: QuantizeInputs, seed: int) -> dict:
@@ -112,14 +114,13 @@ def quantize_spec(block: QuantizeInputs, seed: int) -> dict:
 @flow(name="quantize")
 def quantize_flow(ctx: StageContext, block: QuantizeInputs, upstream: Upstream | None = None) -> StageResult:
     """Quantize the checkpoint handed on (else `model.from`) per `stages.quantize` and export it."""
-    from stagewise.tasks.sft_data import resolve
 
     upstream = upstream or Upstream()
     stage, tracker = block.stage, ctx.tracker
     start_from = start_checkpoint(upstream, block.model_from)
     with stage_run(ctx, STAGE, {"stagewise.start_checkpoint": start_from}) as run_id:
         root = data_root(block, upstream, ctx.workdir, ctx.seed, ctx.base_dir)
-        calib = str(resolve(stage.calib, ctx.base_dir, None)) if stage.calib else None
+        calib = str(resolve_path(stage.calib, ctx.base_dir, None)) if stage.calib else None
         heldout = heldout_path(block, ctx.workdir, ctx.seed, ctx.base_dir)
         inputs = [checkpoint_hash(start_from), Path(root).name, file_hash(calib) if calib else "-",
                   file_hash(heldout) if heldout else "-"]
@@ -167,7 +168,7 @@ def validation_streams(root: str, start: str) -> dict:
     """The prepared data's validation streams, after checking they are in the checkpoint's vocabulary."""
     from transformers import AutoTokenizer
 
-    from stagewise.tasks.evaluate import val_streams
+    from stagewise.eval.validation import val_streams
 
     theirs = AutoTokenizer.from_pretrained(str(Path(root) / "tokenizer")).get_vocab()
     ours = AutoTokenizer.from_pretrained(start).get_vocab()
@@ -220,5 +221,5 @@ def _check_drop(max_drop: float | None, report: dict) -> None:
                                f"the export is in {report['export']}, its report in MLflow")
 
 
-STAGE_ENTRY = Stage(name=STAGE, flow=quantize_flow, select=select, start="handed_on",
+STAGE_ENTRY = Stage(name=STAGE, flow=quantize_flow, select=select, start="handed_on", hands_on="export",
                     reads=lambda block: ("pretrain",))  # its prepared data, when it ran: calibration text

@@ -5,7 +5,7 @@
       ├─ rl-profile            k samples per training prompt with the starting policy: pass rates,
       │                        the difficulty filter (k/k dropped), a histogram in MLflow
       ├─ rl-heldout (before)   pass@1 and greedy accuracy per domain on held-out rows
-      ├─ rl-train              GRPO steps (model/engine.py + model/rl_batches.py + objectives/grpo.py):
+      ├─ rl-train              GRPO steps (model/trainer.py + model/rl_batches.py + objectives/grpo.py):
       │                        Gaussian curriculum, dynamic sampling, masked IS, one-step off-policy
       └─ rl-heldout (after)    the same evaluation on the trained weights
 
@@ -30,7 +30,6 @@ converter, the export adopted as the stage's checkpoint (engines/nemo_rl/stage.p
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,11 +42,12 @@ from stagewise.recipe.blocks.on_policy import block_spec
 from stagewise.recipe.blocks.rl import RLStage
 from stagewise.flows.stage import (Signal, Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point,
                          reused_result, stage_run, start_checkpoint)
-from stagewise.tasks.policy import run_logger
-from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
-from stagewise.tasks.rl import (RLWiring, ScoresCache, heldout_eval_task, load_tasks, profile_task, rl_metric_log, rl_train_task,
-                      rl_world_task)
-from stagewise.tasks.sft_data import resolve
+from stagewise.store.policy import run_logger
+from stagewise.refs import CheckpointRef, StageResult, StageSummary
+from stagewise.eval.rl_wiring import RLWiring, load_rows
+from stagewise.eval.score_memo import ScoreMemo
+from stagewise.tasks.rl import heldout_eval_task, profile_task, rl_metric_log, rl_train_task, rl_world_task
+from stagewise.data.sources import resolve_path
 from stagewise.data.digest import rows_digest
 from stagewise.store.steps import step_dir, value_of
 
@@ -150,17 +150,17 @@ def stage_rows(ctx: StageContext, data, world_entities: int, only_domains: list[
     world_dir = None
     if data.world is not None:
         world_dir = value_of(rl_world_task(data.world, data.world.entities or world_entities, ctx.seed, ctx.workdir))
-    paths = [resolve(s.path, ctx.base_dir, world_dir) for s in data.sources]
+    paths = [resolve_path(s.path, ctx.base_dir, world_dir) for s in data.sources]
     train = [r for s, p in zip(data.sources, paths)
-             for r in load_tasks(p, s.name, s.domain, s.environment, s.on_bad_line)
+             for r in load_rows(p, s.name, s.domain, s.environment, s.on_bad_line)
              if only_domains is None or r.domain in only_domains]
     if not train:
         from stagewise.data.errors import BadInput
 
         raise BadInput(f"{name}: no training rows in domain(s) {', '.join(only_domains or [])}")
     heldout = data.heldout or ("@world/rl_eval.jsonl" if world_dir else None)
-    heldout_path = resolve(heldout, ctx.base_dir, world_dir) if heldout else None
-    heldout_rows = load_tasks(heldout_path, "heldout", None, None) if heldout_path else []
+    heldout_path = resolve_path(heldout, ctx.base_dir, world_dir) if heldout else None
+    heldout_rows = load_rows(heldout_path, "heldout", None, None) if heldout_path else []
     return StageRows(train, heldout_rows, paths, heldout_path)
 
 
@@ -230,6 +230,8 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
     log.info("%s: %d of %d training prompts kept by the difficulty filter (%s)", block.name, len(kept), len(train_ids),
              ", ".join(f"{k} {v}" for k, v in counts.items()))
 
+    memo = ScoreMemo(ctx.stages_root)  # RL's start is distillation's student: scored once, read back there
+
     def evaluate(at: tuple[int, int], weights: str, splits: tuple[str, ...] = ("dev", "test")) -> dict[str, float]:
         """pass@1 and greedy accuracy on the held-out rows of `splits`: rl/dev/..., rl/test/..."""
         out: dict[str, float] = {}
@@ -237,8 +239,7 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
             if rows and split in splits:
                 out |= value_of(heldout_eval_task(
                     generator, wiring, [r.id for r in rows], cfg.data.heldout_samples, ro.max_new_tokens,
-                    ro.temperature, ctx.seed, tracker, run_id, at, prefix=f"rl/{split}",
-                    cache=ScoresCache(str(ctx.stages_root), weights)))
+                    ro.temperature, ctx.seed, tracker, run_id, at, prefix=f"rl/{split}", memo=memo, weights=weights))
         return out
     generator.sync_weights(policy.state_dict())
     # the start on test (the closing table's "before"); dev where it is read, at the end (ablations)
@@ -277,10 +278,10 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
 def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, policy, generator, pad_id: int,
               by_domain: dict[str, list[tuple[str, float]]], ratios: dict[str, float], out_dir: Path, run_id: str,
               log) -> tuple[CheckpointRef, int]:
-    """GRPO on our engine (model/engine.py + model/rl_batches.py): the checkpoint and the rollout tokens trained."""
+    """GRPO on our engine (model/trainer.py + model/rl_batches.py): the checkpoint and the rollout tokens trained."""
     from stagewise.data.rl_sampler import CurriculumSampler
-    from stagewise.model.engine import Trainer
     from stagewise.model.objectives.grpo import GRPOObjective
+    from stagewise.model.train_spec import make_trainer
     from stagewise.model.rl_batches import RolloutBatches, pass_rates, seed_for
 
     cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
@@ -309,10 +310,10 @@ def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, polic
     batches = RolloutBatches(policy, generator, wiring.prompts, sampler, wiring.score, ro, ctx.seed, pad_id,
                              reprofile=reprofile if cfg.reprofile else None, plateau=cfg.reprofile,
                              reference=reference)
-    train_cfg = steps_train_config(cfg, ro, wiring.prompts, ctx.runtime)
-    trainer = Trainer(policy, train_cfg, batches, GRPOObjective(cfg.loss), out_dir, stage=block.name,
-                      tokenizer_dir=start_from, recipe_hash=ctx.recipe_hash, log=rl_metric_log(tracker, run_id),
-                      device=device, parent=start_from)
+    train_cfg = cfg.steps_train_config(wiring.prompts, ctx.runtime)
+    trainer = make_trainer(policy, train_cfg, batches, GRPOObjective(cfg.loss), out_dir=out_dir, stage=block.name,
+                           tokenizer_dir=start_from, recipe_hash=ctx.recipe_hash, log=rl_metric_log(tracker, run_id),
+                           device=device, parent=start_from)
     resume = resume_point(out_dir, ctx.resume)
     ckpt = value_of(rl_train_task(trainer, batches, resume.path if resume else None, tracker, run_id))
     return ckpt, batches.trained_tokens
@@ -339,23 +340,6 @@ def _on_nemo_rl(ctx: StageContext, block: RLInputs, start_from: str, train_rows,
 def _longest_prompt(wiring, rows) -> int:
     """The longest rendered prompt of `rows` in tokens (what sizes NeMo RL's sequence, as ours)."""
     return max(len(wiring.prompts[r.id].ids) for r in rows)
-
-
-def steps_train_config(cfg, rollout, prompts: dict, runtime) -> "TrainConfig":
-    """The engine's config for a stage budgeted in optimizer steps of prompts_per_step x group_size
-    sampled responses (RL, distillation), each rollout batch split into `rollout.minibatches`
-    steps: the engine counts tokens, so a step is its share of rows of the longest prompt plus
-    max_new_tokens."""
-    from stagewise.model.config import TrainConfig
-
-    seq_length = max(len(p.ids) for p in prompts.values()) + rollout.max_new_tokens
-    rows = cfg.samples_per_step()
-    return TrainConfig(
-        tokens=cfg.steps * seq_length * rows, seq_length=seq_length, global_batch=rows,
-        micro_batch=math.gcd(rows, cfg.micro_batch), optimizer=cfg.optimizer, schedule=cfg.schedule,
-        precision=runtime.precision_for(cfg.precision), lb_loss_coeff=0.0,
-        checkpoint_every_tokens=cfg.checkpoint_every_steps * seq_length * rows if cfg.checkpoint_every_steps else None,
-        monitor=cfg.monitor)
 
 
 def backend_problem(backend: str, device: str) -> str | None:

@@ -45,6 +45,8 @@ from pydantic import BaseModel
 from prefect import flow, get_run_logger
 
 from stagewise.data.reasoning_switch import SwitchSetting
+from stagewise.data.sources import resolve_path
+from stagewise.eval.score_memo import ScoreMemo
 from stagewise.eval.splits import SPLITS
 from stagewise.engines.launch.stage import with_engine
 from stagewise.recipe import Recipe, SFTStage, SFTSubStage
@@ -55,11 +57,11 @@ from stagewise.model.config import ModelConfig, MTPConfig, TrainConfig
 from stagewise.engines.megatron.translate import megatron_precision
 from stagewise.tasks.data_profile import sft_profile_task
 from stagewise.tasks.evaluate import gate_task, heldout_task, loss_report_task, suite_task
-from stagewise.store.refs import CheckpointRef, StageResult, StageSummary
-from stagewise.tasks.sft_data import PackedRef, blend_pack_task, curate_task, resolve, sft_start_task, sft_world_task
+from stagewise.refs import CheckpointRef, StageResult, StageSummary
+from stagewise.tasks.sft_data import PackedRef, blend_pack_task, curate_task, sft_start_task, sft_world_task
 from stagewise.store.steps import claim_step, file_hash, finished, mark_finished, reuse, step_dir, value_of
 from stagewise.store.tracking import Tracker
-from stagewise.tasks.train import PackedData, TrainSpec
+from stagewise.model.train_spec import PackedData, TrainSpec
 
 STAGE = "sft"
 SUBSTAGE_TAG = "stagewise.substage"
@@ -100,14 +102,14 @@ class Scores:
     evaluations, its end) read dev only; the stage's base checkpoint is scored on test (the closing
     table's "before") and its final one on dev and test (ablations compare dev, the closing table
     reports test). Nothing in between is scored on test. The last evaluation inside a sub-stage and the stage
-    run's "after" evaluation score the same weights; the cache (keyed by weight sha256) makes the
-    second one a copy."""
+    run's "after" evaluation score the same weights; the memo (eval/score_memo.py, keyed by weight
+    sha256) makes the second one a copy, logged again at the asking run's step."""
 
     def __init__(self, tracker: Tracker, heldout: str | None, heldout_limit: int | None, pack_size: int,
                  seed: int, device: str = "cpu", switch: SwitchSetting = "auto"):
         self.tracker, self.heldout, self.heldout_limit, self.pack_size = tracker, heldout, heldout_limit, pack_size
         self.seed, self.device, self.switch = seed, device, switch
-        self.cache: dict[tuple, dict[str, float]] = {}
+        self.memo = ScoreMemo()  # in memory: heldout_task logs its own artifacts the first time
 
     def __call__(self, ckpt: CheckpointRef, tasks: list[str] | None, limit: int | None, run_id: str,
                  at: tuple[int, int] | None = None, splits: tuple[str, ...] = SPLITS) -> dict[str, float]:
@@ -115,21 +117,21 @@ class Scores:
         ref = ckpt if at is None else ckpt.model_copy(update={"step": at[0], "tokens_seen": at[1]})
         metrics: dict[str, float] = {}
         for split in splits if self.heldout else ():
-            metrics |= self._once((ckpt.sha256 or ckpt.path, "heldout", split, self.heldout_limit), ref, run_id,
+            metrics |= self._once("sft-heldout", [ckpt.sha256 or ckpt.path, split, self.heldout_limit], ref, run_id,
                                   lambda: heldout_task(ref, self.heldout, split, self.seed, self.pack_size,
                                                        self.heldout_limit, self.tracker, run_id, device=self.device,
                                                        switch=self.switch))
         if tasks:
-            metrics |= self._once((ckpt.sha256 or ckpt.path, "suite", tuple(tasks), limit), ref, run_id,
+            metrics |= self._once("sft-suite", [ckpt.sha256 or ckpt.path, list(tasks), limit], ref, run_id,
                                   lambda: suite_task(ref, tasks, limit, self.tracker, run_id, device=self.device))
         return metrics
 
-    def _once(self, key: tuple, ref: CheckpointRef, run_id: str, compute: Callable[[], dict]) -> dict[str, float]:
-        if key in self.cache:
-            self.tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, self.cache[key])])
-        else:
-            self.cache[key] = compute()
-        return self.cache[key]
+    def _once(self, kind: str, spec: list, ref: CheckpointRef, run_id: str,
+              compute: Callable[[], dict]) -> dict[str, float]:
+        metrics, remembered = self.memo.get(kind, spec, compute)
+        if remembered is not None:
+            self.tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, metrics)])
+        return metrics
 
 
 COUNTS = ("answered", "supervised_tokens")
@@ -217,7 +219,7 @@ def _substage_on_megatron(ctx: StageContext, sub: SFTSubStage, train_cfg: TrainC
     from stagewise.engines.launch.stage import run_engine
     from stagewise.engines.megatron.stage import sft_plan
     from stagewise.engines.megatron.translate import MLflowTarget
-    from stagewise.tasks.sft_data import pack_seed
+    from stagewise.data.sft_assembly import pack_seed
 
     stage = block.stage
     rows = out_dir / "megatron-data"
@@ -267,7 +269,7 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
                                                 run_id, block.reasoning_switch))
             packs.append(previous)
         heldout = data.heldout or ("@world/sft_eval.jsonl" if world_dir else None)
-        heldout_path = str(resolve(heldout, ctx.base_dir, world_dir)) if heldout else None
+        heldout_path = str(resolve_path(heldout, ctx.base_dir, world_dir)) if heldout else None
         out_dir = step_dir(ctx.stages_root, STAGE, sft_spec(block, packs, heldout_path, ctx.seed),
                            [checkpoint_hash(start_from)])
         reused = reused_result(ctx, STAGE, run_id, out_dir)

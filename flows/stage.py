@@ -29,8 +29,8 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from stagewise.model.runtime import Runtime
-from stagewise.store.refs import CheckpointRef, StageResult
-from stagewise.tasks.policy import run_logger
+from stagewise.refs import CheckpointRef, StageResult
+from stagewise.store.policy import run_logger
 from stagewise.store.leases import releasing_new
 from stagewise.store.steps import claim_step, finished, mark_finished, reuse
 from stagewise.store.tracking import STAGE_TAG, Tracker
@@ -110,7 +110,13 @@ class Stage:
     needs: tuple[str, ...] = ()
     """Stages whose results this one reads: they must run in the same pipeline run."""
     start: Literal["none", "handed_on"] = "none"
-    """handed_on: starts from the checkpoint the previous stage handed on, else `model.from`."""
+    """What it trains from. none: nothing handed on (pretraining builds its model from the recipe; merge
+    and long context read pretraining's result, `needs`); handed_on: the checkpoint the previous stage
+    handed on, else `model.from`."""
+    hands_on: Literal["checkpoint", "export"] = "checkpoint"
+    """What its result's `checkpoint` is. checkpoint: a model the next stage can start from (merge: the best
+    merge or the last trained checkpoint); export: a deployable artifact nothing trains from (quantize's
+    quantized export), so no `start="handed_on"` stage may come after it (flows/registry.py checks)."""
     lm_curve: bool = False
     """Its train/lm_loss is drawn on the pipeline report's one token axis (a language-model stage)."""
     signals: tuple[Signal, ...] = ()
@@ -118,6 +124,14 @@ class Stage:
     reads: Callable[[Any], tuple[str, ...]] | None = None
     """block -> the earlier stages it reads beyond the one handed on and `needs`, when present
     (distillation's student and teacher stages; quantization's pretraining data)."""
+
+    @property
+    def recipe_block(self) -> type:
+        """The class of its recipe block (its StagesConfig field's type), which declares how the stage trains:
+        its stretches and how an ablation scales its budget (recipe/blocks/contract.py)."""
+        from stagewise.recipe.schema import stage_blocks
+
+        return stage_blocks()[self.name]
 
 
 @contextmanager

@@ -18,9 +18,10 @@ from typing import Callable
 from prefect import get_run_logger
 
 from stagewise.tasks.evaluate import gate_task
-from stagewise.store.refs import CheckpointRef
+from stagewise.refs import CheckpointRef
 from stagewise.store.tracking import Tracker
-from stagewise.tasks.train import TrainSpec, train_task
+from stagewise.model.train_spec import TrainSpec
+from stagewise.tasks.train import train_task
 
 
 class GateFailed(RuntimeError):

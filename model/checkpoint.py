@@ -69,7 +69,7 @@ class TrainerState:
     """optimizer.state_dict()."""
     progress: dict[str, Any]
     """JSON: step, tokens_seen (the schedule position: lr is a function of tokens_seen) and the
-    numerics it was computed under (model.engine.numerics: torch build, thread count)."""
+    numerics it was computed under (model.trainer.numerics: torch build, thread count)."""
     rng: dict[str, Any] = field(default_factory=dict)
     """model.rng.capture_rng() output (tensors and plain types)."""
     loader: dict[str, Any] | None = None

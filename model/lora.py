@@ -83,13 +83,13 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def lora_trainer_class():
-    """model.engine.Trainer for a peft-wrapped model: every checkpoint is the *merged* plain
+    """model.trainer.Trainer for a peft-wrapped model: every checkpoint is the *merged* plain
     model (loadable by AutoModelForCausalLM, evaluable, hand-off-able), and the adapters ride
     in the trainer state, so `resume` continues exactly (the base weights are the stage's
     starting checkpoint, which the wrapped model was built from). It changes only the
     engine's hooks: what a checkpoint's weights are, what extra state it keeps, how resume
     puts the weights back; `Trainer.save` itself is not copied."""
-    from stagewise.model.engine import Trainer
+    from stagewise.model.trainer import Trainer
 
     class LoRATrainer(Trainer):
         def weights_for_checkpoint(self):

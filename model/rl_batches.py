@@ -1,7 +1,7 @@
 """RL batches: every optimizer step's rollouts, rewards and advantages, as the engine's batch source.
 
     batches = RolloutBatches(policy, generator, prompts, sampler, score, settings, seed, pad_id)
-    Trainer(policy, train_cfg, batches, GRPOObjective(cfg), ...)   # model/engine.py, unchanged loop
+    Trainer(policy, train_cfg, batches, GRPOObjective(cfg), ...)   # model/trainer.py, unchanged loop
 
 One step s: the sampler picks the step's prompts (curriculum, fixed domain ratios), the
 generator samples `group_size` responses per prompt, `score` turns them into rewards, groups

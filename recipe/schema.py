@@ -22,7 +22,7 @@ from stagewise.eval.task_spec import SuiteEntry
 from stagewise.model.config import ModelConfig
 from stagewise.model.runtime import RuntimeConfig
 from stagewise.recipe.blocks.distill import DistillStage
-from stagewise.recipe.blocks.launch_text import PlainPath, RecipeName
+from stagewise.engines.launch_text import PlainPath, RecipeName
 from stagewise.recipe.blocks.long_context import LongContextStage
 from stagewise.recipe.blocks.merge import MergeStage
 from stagewise.recipe.blocks.pretrain import PretrainStage
@@ -81,7 +81,7 @@ class Recipe(StrictConfig):
     data: DataConfig
     """Pretraining sources."""
     eval: dict[str, list[SuiteEntry]] = Field(default_factory=dict)
-    """Named evaluation suites: suite name -> entries. An entry is a local task or tag of eval/tasks/
+    """Named evaluation suites: suite name -> entries. An entry is a local task or tag of eval/benchmarks/
     (`world_lookup`, `world`), or a standard lm-eval task on local files, `gsm8k@FOLDER` (a folder,
     relative to the current directory, with one JSONL or Parquet file per split the task reads;
     nothing is downloaded), run through the model's chat template as `chat:gsm8k@FOLDER`

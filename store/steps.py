@@ -18,7 +18,6 @@ was reused, so the UI and the directories tell the same story.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -26,38 +25,14 @@ from typing import Any, Iterable
 
 from prefect import task
 
+from stagewise.data.content_hash import step_hash
 from stagewise.data.digest import file_sha256 as file_hash  # how a file enters a step's inputs: sha256 of its bytes
 from prefect.client.schemas.objects import StateDetails
 from prefect.states import Completed, State
 from stagewise.store.leases import claim, describe, release, ttl_s, wait_for
-from stagewise.tasks.policy import once, retrying, run_logger
+from stagewise.store.policy import once, retrying, run_logger
 
-HASH_CHARS = 16
 MARKER = "finished.json"
-OUTPUT_KEYS = frozenset({"out_dir", "workdir", "tracker", "run_id", "parent_run_id"})
-"""Keys that say where results go, not what they are: dropped from a spec before hashing."""
-
-
-def canonical(spec: Any) -> Any:
-    """`spec` as plain JSON data: pydantic models dumped, output keys dropped, at every depth."""
-    if hasattr(spec, "model_dump"):
-        spec = spec.model_dump(mode="json", by_alias=True)
-    if isinstance(spec, dict):
-        return {str(k): canonical(v) for k, v in spec.items() if k not in OUTPUT_KEYS}
-    if isinstance(spec, (list, tuple)):
-        return [canonical(v) for v in spec]
-    if isinstance(spec, Path):
-        return str(spec)
-    if spec is None or isinstance(spec, (str, int, float, bool)):
-        return spec
-    raise TypeError(f"cannot hash a {type(spec).__name__} into a step spec")
-
-
-def step_hash(kind: str, spec: Any, inputs: Iterable[str] = ()) -> str:
-    """The hash naming a step of `kind` built from `spec` and upstream hashes `inputs`."""
-    blob = json.dumps({"kind": kind, "spec": canonical(spec), "inputs": list(inputs)},
-                      sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:HASH_CHARS]
 
 
 def step_dir(root: str | Path, kind: str, spec: Any, inputs: Iterable[str] = ()) -> Path:

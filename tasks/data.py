@@ -7,10 +7,10 @@ from pathlib import Path
 from prefect import task
 
 from stagewise.data.config import DataConfig, TokenizerConfig
-from stagewise.store.refs import PreparedRef
+from stagewise.refs import PreparedRef
 from stagewise.store.steps import cached
 from stagewise.store.tracking import Tracker
-from stagewise.tasks.policy import retrying, run_logger
+from stagewise.store.policy import retrying, run_logger
 
 
 @task(**retrying("prepare-data"))

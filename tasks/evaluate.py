@@ -7,19 +7,11 @@ from pathlib import Path
 from prefect import task
 
 from stagewise.data.reasoning_switch import SwitchSetting
+from stagewise.eval.validation import val_streams
 from stagewise.eval.metric_names import SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX, heldout_prefix
-from stagewise.store.refs import CheckpointRef, PreparedRef
+from stagewise.refs import CheckpointRef, PreparedRef
 from stagewise.store.tracking import Tracker
-from stagewise.tasks.policy import retrying, run_logger
-
-
-def val_streams(prepared_root: Path) -> dict:
-    """Every source's validation token stream of a prepared data directory (sources without one left out)."""
-    from stagewise.data.prepare import PreparedData
-    from stagewise.data.shards import TokenShard
-
-    prepared = PreparedData.load(prepared_root)
-    return {name: TokenShard.open(src.val).tokens for name, src in prepared.sources.items() if src.val_tokens > 0}
+from stagewise.store.policy import retrying, run_logger
 
 
 @task(**retrying("validation-loss"))

@@ -7,10 +7,10 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from stagewise.data.long_context_config import DocQAConfig
-from stagewise.store.refs import CheckpointRef
+from stagewise.refs import CheckpointRef
 from stagewise.store.steps import cached, file_hash, step_dir
 from stagewise.store.tracking import Tracker
-from stagewise.tasks.policy import retrying
+from stagewise.store.policy import retrying
 
 
 @task(**retrying("prepare-doc-qa"))

@@ -8,9 +8,9 @@ from pathlib import Path
 from prefect import task
 
 from stagewise.tasks.evaluate import suite_task, validation_task
-from stagewise.store.refs import CheckpointRef, PreparedRef
+from stagewise.refs import CheckpointRef, PreparedRef
 from stagewise.store.tracking import Tracker
-from stagewise.tasks.policy import retrying, run_logger
+from stagewise.store.policy import retrying, run_logger
 
 
 def _ref(path: Path) -> CheckpointRef:

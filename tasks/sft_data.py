@@ -25,12 +25,14 @@ from prefect import task
 from pydantic import BaseModel
 
 from stagewise.data.reasoning_switch import SwitchSetting, switch_spec
-from stagewise.data.sft_assembly import IM_END, SFTDataError, chat_eos, keep_previous, realised_mixture  # noqa: F401 (re-exported)
+from stagewise.data.sft_assembly import IM_END, SFTDataError, chat_eos, keep_previous, pack_seed, realised_mixture, tokenizer_digest
 from stagewise.data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
-from stagewise.store.refs import CheckpointRef
-from stagewise.store.steps import cached, step_dir, step_hash
+from stagewise.data.sources import resolve_path
+from stagewise.refs import CheckpointRef
+from stagewise.data.content_hash import step_hash
+from stagewise.store.steps import cached, step_dir
 from stagewise.store.tracking import Tracker
-from stagewise.tasks.policy import retrying, run_logger
+from stagewise.store.policy import retrying, run_logger
 
 SFT_DATA_VERSION = 5
 """Bump when the way SFT data is generated, curated, sampled or packed changes (new directories)."""
@@ -57,34 +59,6 @@ class PackedRef(BaseModel):
     digest: str
     report: dict
     mixture: dict[str, float]
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-def file_digest(path: str | Path) -> str:
-    from stagewise.data.digest import file_sha256
-
-    return file_sha256(Path(path))
-
-
-def tokenizer_digest(tokenizer_dir: str | Path) -> str:
-    """A hash of the files that decide how the tokenizer tokenizes (what a step over its tokens depends on)."""
-    from stagewise.data.sft_assembly import tokenizer_files
-
-    return step_hash("tokenizer", [file_digest(p) for p in tokenizer_files(tokenizer_dir)])
-
-
-def resolve(path: str, base_dir: str | Path, world_dir: str | Path | None) -> Path:
-    """`@world/x` -> the SFT world's x; relative -> next to the recipe; absolute unchanged."""
-    from stagewise.data.sources import resolve_path
-
-    return resolve_path(path, Path(base_dir), Path(world_dir) if world_dir else None)
-
-
-def pack_seed(seed: int, index: int) -> int:
-    """The seed sub-stage `index` samples, packs and picks its reasoning-off conversations with
-    (what an engine that re-reads the sample must use to pick the same ones)."""
-    return seed + index
 
 
 # --------------------------------------------------------------------------- tasks
@@ -118,7 +92,7 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
 
     from stagewise.data.digest import rows_digest
 
-    paths = {s.name: resolve(s.path, base_dir, world_dir) for s in sources}
+    paths = {s.name: resolve_path(s.path, base_dir, world_dir) for s in sources}
     missing = [f"{s.name}: {paths[s.name]}" for s in sources if not paths[s.name].exists()]
     if missing:
         raise FileNotFoundError(f"stages.sft.data.sources: file(s) not found: {'; '.join(missing)}")

@@ -50,7 +50,7 @@ def tiny_checkpoint(tmp_path_factory):
 def open_forms(monkeypatch):
     """A served flow's form policy opened wide (any recipe, any override), for tests of what a flow does
     with its parameters once admitted; tests/deployments/test_form_policy.py tests the boundary itself."""
-    from stagewise.deployments.form_policy import POLICY_ENV, FormPolicy
+    from stagewise.recipe.form_policy import POLICY_ENV, FormPolicy
 
     monkeypatch.setenv(POLICY_ENV, FormPolicy(recipe_roots=["/"], allowed=["**"], tracking_uris=[]).model_dump_json())
 

@@ -161,3 +161,93 @@ def test_an_editor_resolves_every_rooms_imports_through_the_links():
     assert not unresolved, "\n".join(unresolved)
     missing = jedi.Script("from stagewise.no_such_room.x import y\n", path=REPO / "cli" / "probe.py", project=project)
     assert missing.goto(1, 25, follow_imports=True) == []
+
+
+# --------------------------------------------------------------------------- who may import whom
+
+LIBRARIES = ("data", "model", "eval", "quant")
+"""Plain Python, usable from a notebook, a launched job or another orchestrator (docs/DESIGN.md)."""
+NOT_FOR_LIBRARIES = ("prefect", "mlflow", "stagewise.tasks", "stagewise.flows", "stagewise.store", "stagewise.cli",
+                     "stagewise.deployments")
+
+
+def _imported_names(source: str) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import in `source`, at any depth (inside functions, under
+    TYPE_CHECKING, in try blocks): `from a.b import c` gives a.b and a.b.c."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [(node.lineno, node.module)] + [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+def _forbidden_in_library(source: str) -> list[tuple[int, str]]:
+    return [(line, name) for line, name in _imported_names(source)
+            if any(name == bad or name.startswith(bad + ".") for bad in NOT_FOR_LIBRARIES)]
+
+
+def test_the_libraries_import_no_orchestration():
+    """data/, model/, eval/ and quant/ import no Prefect, no MLflow and nothing of the rooms that
+    orchestrate (tasks, flows, store, cli, deployments), however deep the import sits."""
+    bad = [f"{path.relative_to(REPO)}:{line}: {name}"
+           for name_, path in sorted(_modules().items()) if _room(name_) in LIBRARIES
+           for line, name in _forbidden_in_library(path.read_text())]
+    assert not bad, "a library imports orchestration:\n" + "\n".join(bad)
+
+
+def test_the_library_check_finds_a_nested_prefect_or_store_import():
+    source = ("import torch\n"
+              "def f():\n    from prefect import task\n"
+              "if True:\n    import mlflow.tracking\n"
+              "def g():\n    from stagewise.store.steps import step_dir\n"
+              "from stagewise.data.errors import BadInput\n")
+    assert [name for _, name in _forbidden_in_library(source)] == [
+        "prefect", "prefect.task", "mlflow.tracking", "stagewise.store.steps", "stagewise.store.steps.step_dir"]
+
+
+def room_imports() -> dict[str, set[str]]:
+    """room -> the other rooms its files import (any depth); `stagewise` for the import root's own modules."""
+    modules = _modules()
+    out: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        for dep in _imports(path, modules):
+            a, b = _room(name), _room(dep)
+            if a != b:
+                out[a].add("stagewise" if b == "(root)" else b)
+    return {room: out.get(room, set()) for room in _rooms()}
+
+
+def _mutual(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((a, b) for a, deps in graph.items() for b in deps if a < b and a in graph.get(b, ()))
+
+
+def test_no_two_rooms_import_each_other():
+    assert _mutual(room_imports()) == []
+
+
+def test_the_mutual_check_finds_two_rooms_importing_each_other():
+    assert _mutual({"flows": {"engines", "recipe"}, "engines": {"flows"}, "recipe": set()}) == [("engines", "flows")]
+
+
+def _design_table() -> dict[str, set[str]]:
+    """docs/DESIGN.md's layout table: room -> the rooms its `imports` column names (backquoted)."""
+    import re
+
+    out = {}
+    for line in (REPO / "docs" / "DESIGN.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| `") else []
+        room = re.fullmatch(r"`(\w+)/`", cells[0]) if cells else None
+        if room and room.group(1) in _rooms():
+            out[room.group(1)] = set(re.findall(r"`(\w+)`", cells[-1]))
+    return out
+
+
+def test_the_design_pages_room_table_says_what_each_room_imports():
+    """The `imports` column of docs/DESIGN.md's layout table is each room's real imports, room for room."""
+    table, real = _design_table(), room_imports()
+    assert set(table) == set(real), "every room has a row in docs/DESIGN.md's layout table"
+    wrong = {room: {"table": sorted(table[room]), "code": sorted(real[room])}
+             for room in real if table[room] != real[room]}
+    assert not wrong, wrong

@@ -95,7 +95,7 @@ UPPERCASE_WORDS = sorted({*WORDS, *COLOURS, *SYMBOLS})
 
 def format_following(rng: random.Random, entities: list[Entity]) -> dict:
     """A format instruction, in three equal parts: one or two given words in uppercase; a small
-    sum as JSON `{"answer": n}` (both as eval/tasks' world_chat_format asks); a fact about a
+    sum as JSON `{"answer": n}` (both as eval/benchmarks' world_chat_format asks); a fact about a
     pretraining entity in uppercase or as a JSON object (the content must be recalled)."""
     kind = rng.random()
     if kind < 1 / 3:

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import yaml
 
-from stagewise.recipe.blocks.engine import LaunchConfig
+from stagewise.engines.config import LaunchConfig
 
 LauncherStyle = Literal["torchrun", "single"]
 """torchrun: one process per GPU (Megatron-Bridge). single: one driver that uses Ray (NeMo RL)."""
@@ -269,7 +269,7 @@ def slurm_script(launch: LaunchConfig, entry: Sequence[str], run_dir: str | os.P
     The job's output file is given on sbatch's command line (the plan's argv), not here.
 
     Every recipe string in the #SBATCH lines (partition, account, time) was admitted by its type
-    (recipe/blocks/launch_text.py: the scheduler's grammar, no whitespace or control characters);
+    (engines/launch_text.py: the scheduler's grammar, no whitespace or control characters);
     every other one is shlex-quoted."""
     run = os.path.abspath(os.fspath(run_dir))
     entry = list(entry)

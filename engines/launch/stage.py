@@ -22,15 +22,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
-from stagewise.flows.stage import StageContext
 from stagewise.model.checkpoint import CheckpointMeta, adopt_checkpoint
 from stagewise.engines.availability import check_engine, container_tool
-from stagewise.recipe.blocks.engine import LaunchConfig, Parallelism
+from stagewise.engines.config import LaunchConfig, Parallelism
 from stagewise.engines.launch.plans import job_name, plan_launch
 from stagewise.engines.launch.task import launch_task
-from stagewise.store.refs import CheckpointRef
+from stagewise.refs import CheckpointRef
+from stagewise.store.tracking import Tracker
+
+
+class StageRun(Protocol):
+    """What a launch reads of the stage that runs it (flows/stage.py's StageContext has it): where its
+    MLflow run is, the workdir mounted into containers, and the recipe hash stamped on checkpoints."""
+
+    tracker: Tracker
+    workdir: str
+    recipe_hash: str
 
 
 @dataclass(frozen=True)
@@ -71,13 +80,13 @@ def with_engine(spec: dict, block) -> dict:
     return spec if block.engine == "torch" else {**spec, "engine": [block.engine, block.launch]}
 
 
-def engine_env(ctx: StageContext, run_id: str) -> dict[str, str]:
+def engine_env(ctx: StageRun, run_id: str) -> dict[str, str]:
     """What a launched engine needs to log into the stage's MLflow run."""
     return {"MLFLOW_TRACKING_URI": ctx.tracker.uri, "MLFLOW_RUN_ID": run_id,
             "MLFLOW_EXPERIMENT_NAME": ctx.tracker.experiment}
 
 
-def run_engine(ctx: StageContext, stage: str, engine: str, launch: LaunchConfig, run_id: str, out_dir: Path,
+def run_engine(ctx: StageRun, stage: str, engine: str, launch: LaunchConfig, run_id: str, out_dir: Path,
                plan: EnginePlan, parent: str | None, tokenizer_dir: str | None) -> CheckpointRef:
     """Launch every step of `plan` in turn, then adopt its export as `<out_dir>/step-<n>`.
 

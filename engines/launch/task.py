@@ -25,7 +25,7 @@ from pathlib import Path
 
 from prefect import task
 
-from stagewise.tasks.policy import once, run_logger
+from stagewise.store.policy import once, run_logger
 from stagewise.store.tracking import Tracker
 
 TAIL_LINES = 40

@@ -4,24 +4,17 @@ the translation refuses is an exit 2 naming the field before any work, not a fai
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from stagewise.engines import LAUNCHED_SUBSTAGE_GATE, PLACEHOLDER
 from stagewise.model.config import TrainConfig
 
-if TYPE_CHECKING:
-    from stagewise.recipe.schema import Recipe
 
-
-def megatron_problems(r: Recipe, name: str) -> list[tuple[str, str, str]]:
+def megatron_problems(r: Any, name: str) -> list[tuple[str, str, str]]:
     """What the Megatron-Bridge translation would refuse at the stage's start, found now: the same
     translation as engines/megatron/stage.py, on placeholder paths (one check per block type)."""
-    from stagewise.recipe.blocks.long_context import LongContextStage
-    from stagewise.recipe.blocks.pretrain import PretrainStage
-    from stagewise.recipe.blocks.sft import SFTStage
-
-    checks = {PretrainStage: _megatron_pretrain, LongContextStage: _megatron_long_context, SFTStage: _megatron_sft}
-    return checks[type(getattr(r.stages, name))](r)
+    checks = {"pretrain": _megatron_pretrain, "long_context": _megatron_long_context, "sft": _megatron_sft}
+    return checks[name](r)
 
 
 def _refusals(translate: Callable[[], object]) -> list[tuple[str, str, str]]:
@@ -35,7 +28,7 @@ def _refusals(translate: Callable[[], object]) -> list[tuple[str, str, str]]:
     return []
 
 
-def _megatron_pretrain(r: Recipe) -> list[tuple[str, str, str]]:
+def _megatron_pretrain(r: Any) -> list[tuple[str, str, str]]:
     from stagewise.engines.megatron.translate import megatron_precision, plan_megatron
 
     pre = r.stages.pretrain
@@ -46,7 +39,7 @@ def _megatron_pretrain(r: Recipe) -> list[tuple[str, str, str]]:
                                            field="stages.pretrain"))
 
 
-def _megatron_long_context(r: Recipe) -> list[tuple[str, str, str]]:
+def _megatron_long_context(r: Any) -> list[tuple[str, str, str]]:
     """Trained from pretraining's checkpoint: the recipe's model, its vocabulary the tokenizer's."""
     from stagewise.engines.megatron.translate import plan_long_context
 
@@ -56,7 +49,7 @@ def _megatron_long_context(r: Recipe) -> list[tuple[str, str, str]]:
                                                vocab_size=r.tokenizer.vocab_size))
 
 
-def _megatron_sft(r: Recipe) -> list[tuple[str, str, str]]:
+def _megatron_sft(r: Any) -> list[tuple[str, str, str]]:
     """Every sub-stage translated (from the recipe's model, or `model.from`), and what only a sub-stage
     has: a gate evaluated before the sub-stage's end (one launch per sub-stage: a gate at its end, a
     quality bar on the export, is fine) and max_epochs (Megatron samples the budget's steps,

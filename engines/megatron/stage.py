@@ -52,7 +52,7 @@ from stagewise.data.prepare import PreparedData
 from stagewise.data.shards import TokenShard
 from stagewise.engines.launch.stage import EnginePlan, EngineStep
 from stagewise.model.config import ModelConfig, TrainConfig
-from stagewise.recipe.blocks.engine import LaunchConfig
+from stagewise.engines.config import LaunchConfig
 from stagewise.engines.megatron.translate import (
     MegatronPlan,
     MLflowTarget,

@@ -45,7 +45,7 @@ from typing import Any, Literal
 from stagewise.model.config import LoRAConfig, ModelConfig, OptimizerConfig, TrainConfig
 from stagewise.model.presets import preset_about, preset_kwargs, preset_names
 from stagewise.model.schedules import decay_tokens
-from stagewise.recipe.blocks.engine import LaunchConfig, Parallelism
+from stagewise.engines.config import LaunchConfig, Parallelism
 from stagewise.engines.hydra_overrides import override_args
 
 UPSTREAM_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"

@@ -13,17 +13,14 @@ checks both again at its start (engines/nemo_rl/stage.py), before anything train
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from stagewise.data.config import WORLD_PREFIX
-
-if TYPE_CHECKING:
-    from stagewise.recipe.schema import Recipe
 
 Problem = tuple[str, str, str]
 
 
-def nemo_rl_problems(r: Recipe, name: str) -> list[Problem]:
+def nemo_rl_problems(r: Any, name: str) -> list[Problem]:
     """What NeMo RL's translation of `stages.<name>` (rl or distill) refuses, as recipe problems."""
     return {"rl": _rl, "distill": _distill}[name](r)
 
@@ -67,7 +64,7 @@ def _placement(at: str, block) -> list[Problem]:
     return []
 
 
-def _rl(r: Recipe) -> list[Problem]:
+def _rl(r: Any) -> list[Problem]:
     from stagewise.engines import PLACEHOLDER
     from stagewise.engines.nemo_rl.translate import MlflowTarget, grpo_config, unsupported
 
@@ -95,7 +92,7 @@ def domain_agents(by_domain: dict[str, set[str]], at: str) -> tuple[dict[str, st
     return out, problems
 
 
-def _distill(r: Recipe) -> list[Problem]:
+def _distill(r: Any) -> list[Problem]:
     from stagewise.engines import PLACEHOLDER
     from stagewise.engines.nemo_rl.translate import MlflowTarget, distill_config, unsupported_distill
 

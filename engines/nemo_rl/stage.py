@@ -35,7 +35,7 @@ from typing import Any
 from stagewise.engines.launch.stage import EnginePlan, EngineStep
 from stagewise.engines.nemo_rl.checks import refusals
 from stagewise.engines.nemo_rl import translate as nemo_rl
-from stagewise.recipe.blocks.engine import LaunchConfig, NemoGym
+from stagewise.engines.config import LaunchConfig, NemoGym
 from stagewise.engines.nemo_rl.translate import MlflowTarget
 
 RUN_DIR = "nemo-rl"
@@ -50,7 +50,7 @@ def _own_agent(row) -> str | None:
 
 
 def gym_environments(rows) -> set[str]:
-    """Our verifiers of the rows (tasks/rl.TaskRow) that name no NeMo Gym agent of their own."""
+    """Our verifiers of the rows (eval/rl_wiring.ResolvedRow) that name no NeMo Gym agent of their own."""
     return {r.environment for r in rows if _own_agent(r) is None}
 
 

@@ -50,7 +50,7 @@ import yaml
 
 from stagewise.data.rl_rows import RLRow, write_rows
 from stagewise.data.rl_sampler import CurriculumSampler
-from stagewise.recipe.blocks.engine import LaunchConfig, Parallelism
+from stagewise.engines.config import LaunchConfig, Parallelism
 from stagewise.engines.hydra_overrides import override_args
 
 if TYPE_CHECKING:  # annotations only: the translation needs no torch
@@ -188,7 +188,7 @@ def grpo_config(stage: RLBlock, *, model: str, launch: LaunchConfig, run_dir: st
     `train_path` the JSONL rows to train on, in step order (ordered_rows: the difficulty filter and
     curriculum are applied there, so `data.shuffle` is false); `gym_config_paths` the NeMo Gym
     server configs that verify those rows; `max_prompt_tokens` the longest prompt, which with
-    max_new_tokens sizes the sequence (as flows' steps_train_config does for our engine)."""
+    max_new_tokens sizes the sequence (as OnPolicyStage.steps_train_config does for our engine)."""
     ro, loss = stage.rollout, stage.loss
     cfg = _common(stage, ro, model=model, launch=launch, run_dir=run_dir, train_path=train_path,
                   gym_config_paths=gym_config_paths, max_prompt_tokens=max_prompt_tokens, mlflow=mlflow,
@@ -417,7 +417,7 @@ def _precision(precision: str) -> str:
 
 
 def _micro_batch(stage: Any, ro: SamplingSettings) -> int:
-    """Responses per forward/backward, a divisor of an optimizer step's rows (as flows' steps_train_config)."""
+    """Responses per forward/backward, a divisor of an optimizer step's rows (as OnPolicyStage.steps_train_config)."""
     return math.gcd(stage.prompts_per_step * ro.group_size // minibatches(ro), stage.micro_batch)
 
 

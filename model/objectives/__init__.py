@@ -45,7 +45,7 @@ class LossContext:
 
 
 class Objective(Protocol):
-    """Anything with these two methods can be trained by model.engine.Trainer."""
+    """Anything with these two methods can be trained by model.trainer.Trainer."""
 
     def denominator(self, micro_batches: Sequence[torch.Tensor]) -> float | torch.Tensor:
         """The normaliser of the whole global batch, computed before any backward pass."""

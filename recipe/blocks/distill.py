@@ -15,7 +15,7 @@ round's student.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -23,6 +23,9 @@ from stagewise.config_base import StrictConfig
 from stagewise.model.rl_batches import SamplingSettings
 from stagewise.recipe.blocks.on_policy import OnPolicyStage
 from stagewise.recipe.blocks.rl import RLData, RLStage
+
+if TYPE_CHECKING:
+    from stagewise.recipe.schema import Recipe
 
 
 class TeacherSpec(StrictConfig):
@@ -118,6 +121,23 @@ class DistillStage(OnPolicyStage):
     def routes(self) -> dict[str, str]:
         """domain -> teacher name."""
         return {d: t.name for t in self.teachers for d in t.domains}
+
+    def budget_overrides(self, at: str, fraction: float, recipe: Recipe) -> list[str]:
+        """Its steps and checkpoint interval scaled, and every `rl` teacher's steps (a teacher's `rl`
+        overrides the recipe's stages.rl; a teacher given as a checkpoint or a stage trains nothing here)."""
+        rl_steps = recipe.stages.rl.steps if recipe.stages.rl else None
+        teachers = [f"{at}.teachers[{i}].rl.steps={max(1, round(steps * fraction))}"
+                    for i, t in enumerate(self.teachers) if t.rl is not None
+                    for steps in [t.rl.get("steps", rl_steps)] if steps]
+        return super().budget_overrides(at, fraction, recipe) + teachers
+
+    def results_named(self, at: str) -> list[str]:
+        """`field: value` of every earlier stage's result this block names (`student: sft`, `stage:`
+        teachers): what the stage does not have when it runs alone (an ablation)."""
+        from stagewise.recipe.schema import STAGE_ORDER
+
+        named = [f"{at}.teachers[{i}].stage: {t.stage}" for i, t in enumerate(self.teachers) if t.stage]
+        return ([f"{at}.student: {self.student}"] if self.student in STAGE_ORDER else []) + named
 
 
 def teacher_rl_block(spec: TeacherSpec, base: RLStage | None) -> RLStage:

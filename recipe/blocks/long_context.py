@@ -4,13 +4,18 @@ what only the stage decides (which lengths to probe with needles)."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from stagewise.data.long_context_config import LongContextDataConfig
 from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig, TrainConfig
-from stagewise.recipe.blocks.engine import EngineChoice
+from stagewise.engines.config import EngineChoice
+from stagewise.recipe.blocks.contract import Stretch, scaled
+
+if TYPE_CHECKING:
+    from stagewise.recipe.schema import Recipe
 
 
 class LongContextStage(EngineChoice):
@@ -48,3 +53,11 @@ class LongContextStage(EngineChoice):
             lb_loss_coeff=self.lb_loss_coeff, checkpoint_every_tokens=self.checkpoint_every_tokens,
             monitor=self.monitor,
         )
+
+    def stretches(self, at: str) -> Iterator[Stretch]:
+        """One stretch: continued pretraining on the pretraining data, a step being `global_batch_tokens`."""
+        yield Stretch(at, self, "continued", step_tokens=self.data.global_batch_tokens)
+
+    def budget_overrides(self, at: str, fraction: float, recipe: Recipe) -> list[str]:
+        """Its stretch scaled: tokens, warmup and checkpoint interval shrink together."""
+        return scaled(self.stretches(at), fraction)

@@ -3,11 +3,16 @@ merge and how, and when a merge is good enough to hand on (ALGORITHMS.md section
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
+from stagewise.recipe.blocks.contract import Stretch
+
+if TYPE_CHECKING:
+    from stagewise.recipe.schema import Recipe
 
 
 class MergeStage(StrictConfig):
@@ -34,3 +39,11 @@ class MergeStage(StrictConfig):
         if bad:
             raise ValueError(f"windows_tokens must be > 0, got {bad}")
         return self
+
+    def stretches(self, at: str) -> Iterator[Stretch]:
+        """None: merging averages pretraining's checkpoints, it trains nothing."""
+        return iter(())
+
+    def budget_overrides(self, at: str, fraction: float, recipe: Recipe) -> list[str]:
+        """None: it trains nothing, so there is no budget to scale."""
+        return []

@@ -9,14 +9,21 @@ that describe that trainer are declared once, here; each stage's block adds what
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig
+from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig, TrainConfig
 from stagewise.model.objectives.grpo import GRPOConfig
 from stagewise.model.rl_batches import SamplingSettings
-from stagewise.recipe.blocks.engine import EngineChoice, NemoGym
+from stagewise.engines.config import EngineChoice, NemoGym
+from stagewise.recipe.blocks.contract import Stretch, scaled
+
+if TYPE_CHECKING:
+    from stagewise.model.runtime import Runtime
+    from stagewise.recipe.schema import Recipe
 
 
 class OnPolicyStage(EngineChoice):
@@ -81,6 +88,27 @@ class OnPolicyStage(EngineChoice):
     def samples_per_step(self) -> int:
         """Rows of one optimizer step: a rollout batch's samples over the steps it is trained as."""
         return max(1, self.prompts_per_step * self.rollout.group_size // self.rollout.optimizer_steps())
+
+    def steps_train_config(self, prompts: Mapping[Any, Any], runtime: Runtime) -> TrainConfig:
+        """The engine's config for this stage's budget of optimizer steps (each `samples_per_step` sampled
+        responses): the engine counts tokens, so a step is its rows of the longest prompt (`prompts`:
+        id -> rendered prompt with `.ids`) plus rollout.max_new_tokens, at `runtime`'s precision."""
+        seq_length = max(len(p.ids) for p in prompts.values()) + self.rollout.max_new_tokens
+        rows = self.samples_per_step()
+        every = self.checkpoint_every_steps
+        return TrainConfig(
+            tokens=self.steps * seq_length * rows, seq_length=seq_length, global_batch=rows,
+            micro_batch=math.gcd(rows, self.micro_batch), optimizer=self.optimizer, schedule=self.schedule,
+            precision=runtime.precision_for(self.precision), lb_loss_coeff=0.0,
+            checkpoint_every_tokens=every * seq_length * rows if every else None, monitor=self.monitor)
+
+    def stretches(self, at: str) -> Iterator[Stretch]:
+        """One fine-tuning stretch budgeted in optimizer steps (warmup is not judged in tokens)."""
+        yield Stretch(at, self, "finetune")
+
+    def budget_overrides(self, at: str, fraction: float, recipe: Recipe) -> list[str]:
+        """Its steps and checkpoint interval scaled."""
+        return scaled(self.stretches(at), fraction)
 
 
 def block_spec(stage: OnPolicyStage, exclude: set[str]) -> dict:

@@ -6,9 +6,16 @@ plus what only the stage decides: what calibrates it, what it is scored on, and 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from pydantic import Field
 
 from stagewise.quant.config import QuantizeConfig
+from stagewise.recipe.blocks.contract import Stretch
+
+if TYPE_CHECKING:
+    from stagewise.recipe.schema import Recipe
 
 
 class QuantizeStage(QuantizeConfig):
@@ -31,3 +38,11 @@ class QuantizeStage(QuantizeConfig):
     """Items per task of that suite (None: all)."""
     max_drop: float | None = Field(None, ge=0)
     """Fail the stage when held-out exact match drops by more than this (None: report only)."""
+
+    def stretches(self, at: str) -> Iterator[Stretch]:
+        """None: quantization calibrates and exports, it trains nothing."""
+        return iter(())
+
+    def budget_overrides(self, at: str, fraction: float, recipe: Recipe) -> list[str]:
+        """None: it trains nothing, so there is no budget to scale (its calibration sizes are not a budget)."""
+        return []

@@ -3,14 +3,19 @@ turn (each its blend, pack size, loss normalisation, schedule, optional LoRA and
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
 from stagewise.data.sft_config import SFTBlend, SFTDataConfig
 from stagewise.eval.gates import GateConfig
 from stagewise.model.config import LoRAConfig, TrainConfig
-from stagewise.recipe.blocks.engine import EngineChoice
+from stagewise.engines.config import EngineChoice
+from stagewise.recipe.blocks.contract import Stretch, scaled
+
+if TYPE_CHECKING:
+    from stagewise.recipe.schema import Recipe
 
 
 class SFTSubStage(TrainConfig):
@@ -51,3 +56,23 @@ class SFTStage(EngineChoice):
     before/after comparison logged as `sft/<task>/<metric>_delta`."""
     eval_limit: int | None = Field(None, gt=0)
     """Items per task of eval_suite (None: all)."""
+
+    def stretches(self, at: str) -> Iterator[Stretch]:
+        """One fine-tuning stretch per sub-stage, in order (each its own LR schedule, LoRA and gate)."""
+        for i, sub in enumerate(self.stages):
+            yield Stretch(f"{at}.stages[{i}]", sub, "finetune", step_tokens=sub.tokens_per_step,
+                          lora=sub.lora is not None, gate=sub.gate)
+
+    def budget_overrides(self, at: str, fraction: float, recipe: Recipe) -> list[str]:
+        """Every sub-stage scaled: tokens, warmup and checkpoint interval shrink together; gates are left out."""
+        return scaled(self.stretches(at), fraction)
+
+    def gate_metrics(self, recipe: Recipe) -> set[str]:
+        """At a gate's marks SFT scores the held-out conversations' dev split (a gate never reads test:
+        eval/splits.py), per domain of its sources, when it has held-out conversations (flows/sft.py)."""
+        from stagewise.eval.metric_names import heldout_metric_names, heldout_prefix
+
+        if not (self.data.heldout or self.data.world):
+            return set()
+        domains = sorted({s.domain_name for s in self.data.sources})
+        return {f"{heldout_prefix('dev')}/{n}" for n in heldout_metric_names(domains)}

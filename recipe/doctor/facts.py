@@ -8,8 +8,11 @@ exists without doing any work:
   `stagewise data prepare` or an earlier run built it (data/prepare.py find_prepared hashes the
   sources to find it; nothing is generated or tokenized here). A recipe never prepared has no
   data facts and the rules that need them stay silent (they say so in their docstrings);
-- the metric names a gated stage's evaluations log come from eval/metric_names.py (validation,
-  held-out conversations) and the local lm-eval task YAMLs (eval/harness.py local_metric_names).
+- the metric names a gated stage's evaluations log come from its block (`gate_metrics`: validation,
+  held-out conversations, eval/metric_names.py) and the local lm-eval task YAMLs (eval/harness.py
+  local_metric_names);
+- what each stage trains (its stretches: LR, warmup, gate) is what its recipe block declares
+  (`stretches`, recipe/blocks/contract.py), so no rule lists stage names to find them.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from stagewise.data.errors import BadInput
 
 if TYPE_CHECKING:
     from stagewise.recipe import LoadedRecipe, Recipe
+    from stagewise.recipe.blocks.contract import Stretch
 
 TRAINING_PREFIXES = ("train/", "moe/", "act/", "data/", "tokens_seen")
-"""Names logged by training itself at every step (model/engine.py: `train/<objective term>`, lr,
+"""Names logged by training itself at every step (model/trainer.py: `train/<objective term>`, lr,
 tokens/s, MFU; the MoE and activation monitors; the data steps): which exist depends on the
 objective and the model, so a gate may name them and the doctor does not judge them."""
 
@@ -69,6 +73,15 @@ class Facts:
     def runs(self, stage: str) -> bool:
         """Whether `stage` is in the recipe and among the stages that will run."""
         return getattr(self.recipe.stages, stage) is not None and (self.stages is None or stage in self.stages)
+
+    @cached_property
+    def stretches(self) -> list[tuple[str, Stretch]]:
+        """(stage, stretch) of every stretch the recipe trains, in pipeline order: each present block's
+        `stretches` (recipe/blocks/contract.py; merge and quantize train none)."""
+        from stagewise.recipe.schema import STAGE_ORDER
+
+        blocks = [(name, getattr(self.recipe.stages, name)) for name in STAGE_ORDER]
+        return [(name, s) for name, block in blocks if block is not None for s in block.stretches(f"stages.{name}")]
 
     @cached_property
     def model(self) -> ModelFacts | None:
@@ -121,21 +134,13 @@ class Facts:
         return DataFacts(found.root, {name: src.train_tokens for name, src in found.sources.items()})
 
     def gate_metrics(self, stage: str, suite: str | None) -> tuple[set[str], list[str]]:
-        """(every eval name a gated `pretrain` or `sft` stage logs at its marks, the suite's tasks whose
-        names only lm-eval knows). At a mark pretraining scores validation loss, SFT the held-out
-        conversations' dev split (a gate never reads test: eval/splits.py), and both the gate's suite
-        (flows/pretrain.py, flows/sft.py)."""
+        """(every eval name a gated stage logs at its marks, the suite's tasks whose names only lm-eval
+        knows): what its block says its evaluations log there (`gate_metrics`: pretraining's validation
+        loss, SFT's held-out conversations' dev split) and the gate's suite."""
         from stagewise.eval.harness import local_metric_names
-        from stagewise.eval.metric_names import (SUITE_PREFIX, VALIDATION_PREFIX, heldout_metric_names, heldout_prefix,
-                                       validation_metric_names)
+        from stagewise.eval.metric_names import SUITE_PREFIX
 
         r = self.recipe
-        if stage == "pretrain":
-            names = {f"{VALIDATION_PREFIX}/{n}" for n in validation_metric_names(s.name for s in r.data.sources)}
-        elif r.stages.sft.data.heldout or r.stages.sft.data.world:
-            domains = sorted({s.domain_name for s in r.stages.sft.data.sources})
-            names = {f"{heldout_prefix('dev')}/{n}" for n in heldout_metric_names(domains)}
-        else:
-            names = set()
+        names = getattr(r.stages, stage).gate_metrics(r)
         local, outside = local_metric_names(r.eval.get(suite or "", []))
         return names | {f"{SUITE_PREFIX}/{n}" for n in local}, outside

@@ -68,13 +68,11 @@ def _pin_field(q, names: list[str]) -> str:
 
 
 def _gated(facts: Facts) -> Iterator[tuple[str, str, GateConfig]]:
-    """(stage, field path, gate) of every gated block: pretraining and each SFT sub-stage."""
-    r = facts.recipe
-    if r.stages.pretrain and r.stages.pretrain.gate:
-        yield "pretrain", "stages.pretrain.gate", r.stages.pretrain.gate
-    for i, sub in enumerate(r.stages.sft.stages if r.stages.sft else []):
-        if sub.gate:
-            yield "sft", f"stages.sft.stages[{i}].gate", sub.gate
+    """(stage, field path, gate) of every gated stretch (pretraining, each SFT sub-stage: what each
+    stage's block declares, recipe/blocks/contract.py)."""
+    for stage, s in facts.stretches:
+        if s.gate:
+            yield stage, f"{s.at}.gate", s.gate
 
 
 def _gate_names(at: str, gate: GateConfig) -> Iterator[tuple[str, str]]:

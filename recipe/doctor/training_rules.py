@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from stagewise.recipe.doctor.findings import Finding, advise
 
 if TYPE_CHECKING:
+    from stagewise.recipe.blocks.contract import Stretch
     from stagewise.recipe.doctor.facts import Facts
     from stagewise.recipe import Recipe
 
@@ -59,19 +60,12 @@ def _count(n: float) -> str:
     return f"{round(n):,}"
 
 
-def _step_tokens(stage: Any) -> int:
-    """Tokens per optimizer step of a training block (long context counts a step as its token budget)."""
-    return stage.tokens_per_step if hasattr(stage, "tokens_per_step") else stage.data.global_batch_tokens
-
-
-def _warmed(r: Recipe) -> Iterator[tuple[str, str, Any, float]]:
-    """(stage, field path, block, warmup share limit) of every block scheduled in tokens."""
-    if r.stages.pretrain:
-        yield "pretrain", "stages.pretrain", r.stages.pretrain, PRETRAIN_WARMUP_SHARE
-    if r.stages.long_context:
-        yield "long_context", "stages.long_context", r.stages.long_context, FINETUNE_WARMUP_SHARE
-    for i, sub in enumerate(r.stages.sft.stages if r.stages.sft else []):
-        yield "sft", f"stages.sft.stages[{i}]", sub, FINETUNE_WARMUP_SHARE
+def _warmed(facts: Facts) -> Iterator[tuple[str, Stretch, float]]:
+    """(stage, stretch, warmup share limit) of every stretch scheduled in tokens (what each stage's block
+    declares, recipe/blocks/contract.py): pretraining's limit for pretraining, a fine-tune's for the rest."""
+    for stage, s in facts.stretches:
+        if s.step_tokens is not None:
+            yield stage, s, PRETRAIN_WARMUP_SHARE if s.role == "pretrain" else FINETUNE_WARMUP_SHARE
 
 
 def warmup(facts: Facts) -> Iterator[Finding]:
@@ -81,14 +75,14 @@ def warmup(facts: Facts) -> Iterator[Finding]:
     Warmup trains below the peak LR: stretched over a large share of a short fine-tune, most of it
     never trains at the LR it was tuned for. The dataset share needs the recipe's prepared data
     (skipped without it); RL and distillation count steps, not tokens, and are not judged."""
-    for stage, at, block, limit in _warmed(facts.recipe):
-        w = block.schedule.warmup_tokens
-        field, steps = f"{at}.schedule.warmup_tokens", w / _step_tokens(block)
+    for stage, s, limit in _warmed(facts):
+        block, w = s.block, s.block.schedule.warmup_tokens
+        field, steps = f"{s.at}.schedule.warmup_tokens", w / s.step_tokens
         if w / block.tokens > limit:
             yield advise("warning", field, f"warmup of {_count(w)} tokens ({steps:.0f} steps) is {w / block.tokens:.0%} "
                          f"of the stage's {_count(block.tokens)} tokens (flagged above {limit:.0%})",
                          round(w / block.tokens, 4), REF_WARMUP, stage)
-        data = facts.data if stage != "sft" else None
+        data = facts.data if s.role != "finetune" else None  # a fine-tune reads its own data, not pretraining's
         if data and data.total and w / data.total > DATASET_WARMUP_SHARE:
             yield advise("warning", field, f"warmup of {_count(w)} tokens is {w / data.total:.0%} of the prepared "
                          f"dataset's {_count(data.total)} training tokens ({data.root})",
@@ -103,15 +97,15 @@ def scaled_sft_lr(params: int) -> float:
     return SUPER_SFT_LR * (SUPER_PARAMS / params) ** 0.5
 
 
-def _finetunes(r: Recipe) -> Iterator[tuple[str, str, float, float | None]]:
-    """(stage, LR field, peak LR, its scaled-reference factor; None: judged against pretraining only)."""
-    for i, sub in enumerate(r.stages.sft.stages if r.stages.sft else []):
-        yield "sft", f"stages.sft.stages[{i}].optimizer.lr", sub.optimizer.lr, LORA_LR_FACTOR if sub.lora else 1.0
-    for name in ("rl", "distill"):
-        if getattr(r.stages, name):
-            yield name, f"stages.{name}.optimizer.lr", getattr(r.stages, name).optimizer.lr, 1.0
-    if r.stages.long_context:
-        yield "long_context", "stages.long_context.optimizer.lr", r.stages.long_context.optimizer.lr, None
+def _finetunes(facts: Facts) -> Iterator[tuple[str, str, float, float | None]]:
+    """(stage, LR field, peak LR, its scaled-reference factor; None: judged against pretraining only) of
+    every stretch that continues a trained model: the fine-tunes first (LoRA ones at LORA_LR_FACTOR),
+    then continued pretraining (long context)."""
+    for role in ("finetune", "continued"):
+        for stage, s in facts.stretches:
+            if s.role == role:
+                factor = None if role == "continued" else LORA_LR_FACTOR if s.lora else 1.0
+                yield stage, f"{s.at}.optimizer.lr", s.block.optimizer.lr, factor
 
 
 def finetune_lr(facts: Facts) -> Iterator[Finding]:
@@ -121,10 +115,9 @@ def finetune_lr(facts: Facts) -> Iterator[Finding]:
     Fine-tunes use far lower peaks than pretraining (Nemotron 3 Super: 4.5e-4 pretraining, 1e-5 SFT);
     how low scales with the model, so the LR is judged against the same recipe's pretraining peak and
     Super's SFT LR scaled to this model's parameter count (`stagewise inspect`); LoRA allows 20x."""
-    pre = facts.recipe.stages.pretrain
-    peak = pre.optimizer.lr if pre else None
+    peak = next((s.block.optimizer.lr for _, s in facts.stretches if s.role == "pretrain"), None)
     model = facts.model
-    for stage, field, lr, factor in _finetunes(facts.recipe):
+    for stage, field, lr, factor in _finetunes(facts):
         if peak is not None and lr >= peak:
             yield advise("error", field, f"peak LR {lr:.1e} is {lr / peak:.2g}x the pretraining peak ({peak:.1e}): "
                          "a stage that continues a trained model wants a far lower LR", lr, REF_LR, stage)

@@ -39,7 +39,7 @@ import logging, sys, warnings
 from stagewise.cli.run_log import start_run_log
 path = start_run_log(sys.argv[1], verbose=sys.argv[2] == "verbose")
 from prefect import flow, task
-from stagewise.tasks.policy import run_logger
+from stagewise.store.policy import run_logger
 
 @task
 def work():

@@ -177,17 +177,17 @@ def test_a_bad_parquet_row_names_file_row_and_field(tmp_path):
 
 
 def test_the_rl_stage_loads_a_hub_folder_of_parquet(tmp_path):
-    """tasks.rl.load_tasks, what flows/rl.py calls per source, on a directory with splits."""
+    """eval.rl_wiring.load_rows, what flows/rl.py calls per source, on a directory with splits."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from stagewise.data.digest import rows_digest
-    from stagewise.tasks.rl import load_tasks
+    from stagewise.eval.rl_wiring import load_rows
 
     (tmp_path / "hub" / "data").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(TEAM_ROWS), tmp_path / "hub" / "data" / "train-00000-of-00001.parquet")
     pq.write_table(pa.Table.from_pylist(TEAM_ROWS[:1]), tmp_path / "hub" / "data" / "test-00000-of-00001.parquet")
-    rows = load_tasks(tmp_path / "hub", "team", None, None)
+    rows = load_rows(tmp_path / "hub", "team", None, None)
     assert [(t.id, t.domain, t.environment, t.row.expected_answer) for t in rows] == [
         ("team:1", "math", "exact_answer", "4"), ("team:2", "math", "exact_answer", "15")]
     before = rows_digest(tmp_path / "hub")

@@ -389,7 +389,7 @@ def test_serve_with_a_pool_registers_the_deployments_on_a_process_work_pool(serv
     assert "prefect worker start --pool stagewise-test" in proc.stdout
     found = _deployments()
     assert set(found) == NAMES and {d.work_pool_name for d in found.values()} == {"stagewise-test"}
-    from stagewise.deployments.form_policy import POLICY_ENV, DEFAULT_ALLOWED, FormPolicy
+    from stagewise.recipe.form_policy import POLICY_ENV, DEFAULT_ALLOWED, FormPolicy
 
     for d in found.values():  # the pool's workers read the boundary from each job's environment
         policy = FormPolicy.model_validate_json(d.job_variables["env"][POLICY_ENV])

@@ -37,7 +37,7 @@ from typer.testing import CliRunner
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "finetune.yaml"
 TEMPLATES = ROOT / "tests" / "data" / "templates"
-SEED = 1234  # tiny.yaml's, inherited; sub-stage 0 packs with seed + 0 (tasks/sft_data.py pack_seed)
+SEED = 1234  # tiny.yaml's, inherited; sub-stage 0 packs with seed + 0 (data/sft_assembly.py pack_seed)
 PACK = 512
 HEADER_TOKENS = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 # One xdist worker runs the module (python3 dev.py test: --dist loadgroup), so each run happens once.

@@ -14,7 +14,7 @@ import pytest
 def _texts() -> list[str]:
     from stagewise.data.world.arithmetic import arithmetic_texts
     from stagewise.data.world.retrieval import retrieval_texts
-    from stagewise.eval.tasks import TASKS_DIR
+    from stagewise.eval.benchmarks import TASKS_DIR
 
     prompts = [json.loads(line)["prompt"] for f in sorted((TASKS_DIR / "data").glob("*.jsonl")) for line in open(f)]
     return arithmetic_texts(100, 0) + retrieval_texts(10, 0) + prompts

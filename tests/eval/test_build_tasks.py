@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from stagewise.eval.tasks import TASKS_DIR
-from stagewise.eval.tasks.build_tasks import TASKS, build, render
+from stagewise.eval.benchmarks import TASKS_DIR
+from stagewise.eval.benchmarks.build_tasks import TASKS, build, render
 
 GENERATE = ["world_arithmetic", "world_sorting", "world_lookup", "world_chat_format"]
 CHOICE = ["world_arithmetic_mc", "world_compare_mc"]
@@ -19,7 +19,7 @@ def rows(name: str) -> list[dict]:
 
 
 def test_committed_files_match_the_generator():
-    assert build(check=True) == [], "run `python -m eval.tasks.build_tasks` and commit eval/tasks/data/"
+    assert build(check=True) == [], "run `python -m stagewise.eval.benchmarks.build_tasks` and commit eval/benchmarks/data/"
 
 
 def test_generation_is_deterministic(tmp_path):
@@ -86,7 +86,7 @@ def test_choice_labels_point_at_the_right_answer():
 def test_chat_prompts_are_what_the_sft_chat_template_writes():
     chat_module = pytest.importorskip("stagewise.data.chat")
     from stagewise.data.tokenizer import train_bpe
-    from stagewise.eval.tasks.build_tasks import chat
+    from stagewise.eval.benchmarks.build_tasks import chat
 
     tok = chat_module.install_chat_template(train_bpe(["a few words"], 300))
     user = "Write the word cedar in uppercase letters."

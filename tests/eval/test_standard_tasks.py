@@ -182,7 +182,7 @@ def test_unknown_names_groups_and_misused_entries(bench):
     assert _refused("mmlu") == ("mmlu is a group of lm-eval tasks, each with its own dataset: list its tasks one "
                                 "by one, each as TASK@FOLDER")
     assert _refused("world_lookup@evaldata/gsm8k") == (
-        "world_lookup@evaldata/gsm8k: world_lookup is a local task with its own items (eval/tasks/data/); "
+        "world_lookup@evaldata/gsm8k: world_lookup is a local task with its own items (eval/benchmarks/data/); "
         "drop @evaldata/gsm8k")
     assert _refused("chat:world_lookup") == (
         "chat:world_lookup: chat: renders a standard task's prompts with the chat template; the local tasks' items "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stagewise.flows.sft import Scores, deltas
-from stagewise.store.refs import CheckpointRef
+from stagewise.refs import CheckpointRef
 
 
 def test_deltas_are_final_minus_base_for_scores_only():

@@ -10,7 +10,7 @@ import pytest
 from stagewise.flows.stage import (StageContext, StageStateError, StartError, Upstream, checkpoint_hash, finish, resume_point,
                          reused_result, start_checkpoint)
 from stagewise.model.runtime import Runtime
-from stagewise.store.refs import StageResult, StageSummary
+from stagewise.refs import StageResult, StageSummary
 from stagewise.store.steps import finished
 from stagewise.store.tracking import Tracker
 

@@ -14,7 +14,7 @@ import pytest
 from stagewise.flows import long_context, merge, pretrain, quantize, sft
 from stagewise.recipe import load_recipe
 from stagewise.model.runtime import Runtime
-from stagewise.store.steps import step_hash
+from stagewise.data.content_hash import step_hash
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 

@@ -22,7 +22,7 @@ from stagewise.model.config import TrainConfig
 from stagewise.model.runtime import Runtime
 from stagewise.recipe import load_recipe
 from stagewise.recipe.blocks.on_policy import block_spec
-from stagewise.store.steps import step_hash
+from stagewise.data.content_hash import step_hash
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "step_hashes_before_import_root.json").read_text())

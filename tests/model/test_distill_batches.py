@@ -12,7 +12,7 @@ import torch
 
 from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
 from stagewise.model.distill_batches import DistillBatches
-from stagewise.model.engine import Trainer
+from stagewise.model.trainer import Trainer
 from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
 from stagewise.model.rl_batches import Prompt, SamplingSettings
 from stagewise.model.rollout.hf import HFGenerator

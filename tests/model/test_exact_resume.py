@@ -14,7 +14,7 @@ import torch
 
 from stagewise.model import checkpoint as ck
 from stagewise.model.config import TrainConfig
-from stagewise.model.engine import Trainer
+from stagewise.model.trainer import Trainer
 from stagewise.model.objectives import LMObjective
 from stagewise.model.objectives.sft import SFTObjective
 
@@ -227,7 +227,7 @@ def test_resume_under_other_numerics_warns(tmp_path, model_factory, batches_fact
     make(tmp_path / "a").fit(until_tokens=TPS)
     ckpt = tmp_path / "a" / "step-00000001"
     assert ck.load_trainer_state(ckpt).progress["numerics"]["threads"] == torch.get_num_threads() == 1
-    with caplog.at_level("WARNING", logger="stagewise.model.engine"):
+    with caplog.at_level("WARNING", logger="stagewise.model.trainer"):
         make(tmp_path / "b").resume(ckpt)
         assert not caplog.records
         torch.set_num_threads(2)  # the autouse fixture puts 1 back

@@ -66,7 +66,7 @@ def run_tiny(out_dir: Path) -> dict[str, list[float]]:
 
     from stagewise.model.build import build_model
     from stagewise.model.config import ModelConfig, TrainConfig
-    from stagewise.model.engine import Trainer
+    from stagewise.model.trainer import Trainer
     from stagewise.model.objectives import LMObjective
 
     hf_logging.set_verbosity_error()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
-from stagewise.model.engine import Trainer
+from stagewise.model.trainer import Trainer
 from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
 from stagewise.model.rl_batches import Prompt, RolloutBatches, RolloutSettings
 from stagewise.model.rollout import make_generator

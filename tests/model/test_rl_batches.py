@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
-from stagewise.model.engine import Trainer
+from stagewise.model.trainer import Trainer
 from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
 from stagewise.model.rl_batches import Prompt, RolloutBatches, RolloutSettings, decode_batch, encode_batch, pass_rates
 from stagewise.model.rollout.hf import HFGenerator

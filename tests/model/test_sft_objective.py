@@ -173,10 +173,10 @@ def test_mtp_heads_train_without_crossing_conversations(model_factory):
 
 
 def test_the_engine_trains_packed_batches_unchanged(model_factory, tmp_path):
-    """model.engine.Trainer takes PackedBatches + SFTObjective as they are (no engine change)."""
+    """model.trainer.Trainer takes PackedBatches + SFTObjective as they are (no engine change)."""
     from stagewise.data.sft_data import PackedBatches
     from stagewise.model.config import TrainConfig
-    from stagewise.model.engine import Trainer
+    from stagewise.model.trainer import Trainer
 
     batch = packed_rows(8, 32, seed=7)
     rows = {k: v.numpy() for k, v in batch.items()}

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from stagewise.data.loader import DataExhausted
 from stagewise.eval.gates import UnknownMetricError
-from stagewise.model.engine import TrainingDiverged
+from stagewise.model.trainer import TrainingDiverged
 from stagewise.store.retry import backoff_delays, call_with_backoff, is_transient, retry_if_transient
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from stagewise.store.steps import MARKER, canonical, finished, mark_finished, step_dir, step_hash
+from stagewise.data.content_hash import canonical, step_hash
+from stagewise.store.steps import MARKER, finished, mark_finished, step_dir
 
 
 class Spec(BaseModel):

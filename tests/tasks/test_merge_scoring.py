@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from stagewise.store.refs import CheckpointRef, PreparedRef
+from stagewise.refs import CheckpointRef, PreparedRef
 
 SUITE = ["world_arithmetic"]
 

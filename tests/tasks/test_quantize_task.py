@@ -9,7 +9,8 @@ import pytest
 
 from stagewise.quant.calibration import stream_batches
 from stagewise.quant.config import QuantizeConfig
-from stagewise.tasks.quantize import Scoring, quantize_checkpoint
+from stagewise.eval.scoring import Scoring
+from stagewise.tasks.quantize import quantize_checkpoint
 
 
 def test_ultra_preset_exports_what_its_report_says(tiny_checkpoint, tmp_path):

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from stagewise.engines.launch.plans import job_name, plan_launch
 from stagewise.recipe import RecipeError, load_recipe
-from stagewise.recipe.blocks.engine import LaunchConfig
+from stagewise.engines.config import LaunchConfig
 
 TINY = Path(__file__).resolve().parents[3] / "recipes" / "tiny.yaml"
 IMAGE = "nvcr.io/nvidia/nemo:26.08"

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from stagewise.engines.availability import EngineMissing, check_engine, container_tool
-from stagewise.recipe.blocks.engine import LaunchConfig
+from stagewise.engines.config import LaunchConfig
 from stagewise.engines.launch.plans import RAY_WAIT, LaunchUnsupported, kubernetes_manifest, plan_launch, slurm_script
 
 ROOT = Path(__file__).resolve().parents[3]

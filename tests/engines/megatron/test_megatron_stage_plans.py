@@ -16,7 +16,7 @@ from stagewise.recipe import SFTSubStage
 from stagewise.recipe.blocks.long_context import LongContextStage
 from stagewise.model.config import ModelConfig
 from stagewise.model.presets import preset_kwargs
-from stagewise.recipe.blocks.engine import EngineEnv, LaunchConfig
+from stagewise.engines.config import EngineEnv, LaunchConfig
 from stagewise.engines.megatron.translate import MLflowTarget
 
 LAUNCH = LaunchConfig(env=EngineEnv(venv="/opt/mb", workdir="/opt/Megatron-Bridge"), gpus_per_node=2)

@@ -26,7 +26,7 @@ import pytest
 
 from stagewise.model.config import LoRAConfig, ModelConfig, OptimizerConfig, ScheduleConfig, TrainConfig
 from stagewise.model.presets import preset_kwargs
-from stagewise.recipe.blocks.engine import EngineEnv, LaunchConfig, Parallelism
+from stagewise.engines.config import EngineEnv, LaunchConfig, Parallelism
 from stagewise.engines.megatron.translate import (
     MegatronUnsupported,
     MLflowTarget,

@@ -156,7 +156,7 @@ def pretrain_plan(prefixes: dict[str, str], tokenizer: Path, save_dir: Path):
     engines/megatron/stage.py's pretrain_plan calls it): STEPS steps of GLOBAL_BATCH x SEQ_LENGTH."""
     from stagewise.engines.megatron.translate import plan_megatron
     from stagewise.model.config import ModelConfig, TrainConfig
-    from stagewise.recipe.blocks.engine import EngineEnv, LaunchConfig
+    from stagewise.engines.config import EngineEnv, LaunchConfig
 
     train = TrainConfig(tokens=STEPS * GLOBAL_BATCH * SEQ_LENGTH, seq_length=SEQ_LENGTH, global_batch=GLOBAL_BATCH,
                         micro_batch=2, precision="bf16")

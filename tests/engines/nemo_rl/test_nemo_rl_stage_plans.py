@@ -16,9 +16,9 @@ from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec
 from stagewise.engines.nemo_rl.stage import distill_plan, gym_environments, rl_plan, row_agents
 from stagewise.recipe.blocks.rl import RLData, RLSource, RLStage
 from stagewise.model.rl_batches import RolloutSettings, SamplingSettings
-from stagewise.recipe.blocks.engine import EngineEnv, LaunchConfig, NemoGym
+from stagewise.engines.config import EngineEnv, LaunchConfig, NemoGym
 from stagewise.engines.nemo_rl.translate import MlflowTarget
-from stagewise.tasks.rl import TaskRow
+from stagewise.eval.rl_wiring import ResolvedRow
 
 LAUNCH = LaunchConfig(env=EngineEnv(venv="/opt/nemo-rl/.venv", workdir="/opt/nemo-rl"), gpus_per_node=2)
 GYM = NemoGym(agents={"exact_answer": "math_agent", "json_answer": "json_agent"},
@@ -26,19 +26,19 @@ GYM = NemoGym(agents={"exact_answer": "math_agent", "json_answer": "json_agent"}
 MLFLOW = MlflowTarget("tiny", "rl", "sqlite:////w/mlflow.db", "run1")
 
 
-def _task_rows() -> list[TaskRow]:
+def _task_rows() -> list[ResolvedRow]:
     out = []
     for domain, env in (("arithmetic", "exact_answer"), ("format", "json_answer")):
         for k in range(6):
             row = RLRow.model_validate({"id": f"{domain}-{k}", "domain": domain, "environment": env,
                                         "responses_create_params": {"input": f"q {k}"}, "expected_answer": k})
-            out.append(TaskRow(id=f"{domain}:{k}", domain=domain, environment=env, row=row))
+            out.append(ResolvedRow(id=f"{domain}:{k}", domain=domain, environment=env, row=row))
     own = RLRow.model_validate({**out[0].row.as_json(), "agent_ref": {"type": "responses_api_agents", "name": "own"}})
-    out[0] = TaskRow(id=out[0].id, domain="arithmetic", environment="exact_answer", row=own)
+    out[0] = ResolvedRow(id=out[0].id, domain="arithmetic", environment="exact_answer", row=own)
     return out
 
 
-def _by_domain(rows: list[TaskRow]) -> dict[str, list[tuple[str, float]]]:
+def _by_domain(rows: list[ResolvedRow]) -> dict[str, list[tuple[str, float]]]:
     out: dict[str, list[tuple[str, float]]] = {}
     for i, r in enumerate(rows):
         out.setdefault(r.domain, []).append((r.id, (i % 5) / 4))

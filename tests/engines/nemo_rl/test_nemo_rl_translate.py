@@ -25,7 +25,7 @@ from stagewise.model.config import OptimizerConfig, ScheduleConfig
 from stagewise.model.objectives.grpo import GRPOConfig
 from stagewise.model.rl_batches import PlateauRule, RolloutSettings, SamplingSettings
 from stagewise.engines.nemo_rl import translate as nemo_rl
-from stagewise.recipe.blocks.engine import EngineEnv, LaunchConfig, Parallelism
+from stagewise.engines.config import EngineEnv, LaunchConfig, Parallelism
 
 IMAGE = EngineEnv(image="nvcr.io/nvidia/nemo-rl:v0.6.0")
 DATA = RLData(sources=[RLSource(name="math", path="rl_math.jsonl")])

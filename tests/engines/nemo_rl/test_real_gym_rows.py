@@ -2,7 +2,7 @@
 
 The rows are written by our code as the RL stage writes them for `engine: nemo_rl`: the demo
 world's RL files (every domain, the calculator's tool rows included) read as the stage reads its
-sources (tasks/rl.py load_tasks), each row's agent from `nemo_gym.agents` (engines/nemo_rl/stage.py
+sources (eval/rl_wiring.py load_rows), each row's agent from `nemo_gym.agents` (engines/nemo_rl/stage.py
 row_agents), then engines/nemo_rl/stage.py rl_plan's `nemo-rl/train.jsonl`. The side script
 (side_env/check_rows.py) validates every line with NeMo Gym's row model, its simple agent's /run
 request and the /verify request that agent builds from it. Probes that must be rejected go through
@@ -33,9 +33,9 @@ from stagewise.data.world.rl_rows import ENVIRONMENTS, generate_rl_world
 from stagewise.engines.nemo_rl.stage import gym_environments, row_agents, rl_plan
 from stagewise.engines.nemo_rl.translate import AGENT_TYPE, MlflowTarget, unsupported
 from stagewise.model.rl_batches import RolloutSettings
-from stagewise.recipe.blocks.engine import EngineEnv, LaunchConfig, NemoGym
+from stagewise.engines.config import EngineEnv, LaunchConfig, NemoGym
 from stagewise.recipe.blocks.rl import RLData, RLSource, RLStage
-from stagewise.tasks.rl import load_tasks
+from stagewise.eval.rl_wiring import load_rows
 
 pytestmark = pytest.mark.megatron
 
@@ -53,7 +53,7 @@ def _check(python: Path, path: Path, *args: str) -> dict:
 def _world(tmp_path: Path):
     world = generate_rl_world(tmp_path / "world", seed=11, per_domain=12)
     domains = [d for d in world if d != "eval"]
-    return world, domains, [r for d in domains for r in load_tasks(world[d], d, None, None)]
+    return world, domains, [r for d in domains for r in load_rows(world[d], d, None, None)]
 
 
 def _stage_rows(tmp_path: Path, name: str, agents: dict[str, str], config_paths: list[str]):

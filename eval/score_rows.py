@@ -17,7 +17,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
+from stagewise.data.chat import install_chat_template
 from stagewise.data.reasoning_switch import SwitchSetting
+from stagewise.eval.heldout import end_ids, round_robin
+from stagewise.eval.rewards import RewardConfig
+from stagewise.eval.rl_scoring import heldout_scores
+from stagewise.eval.rl_wiring import RLWiring, load_rows
+from stagewise.model.build import load_model
+from stagewise.model.rollout.hf import HFGenerator
 
 
 def score_rows(checkpoint: str | Path, rows: str | Path, *, samples: int = 8, max_new_tokens: int = 32,
@@ -26,24 +35,15 @@ def score_rows(checkpoint: str | Path, rows: str | Path, *, samples: int = 8, ma
     """pass@1 and greedy accuracy per domain of `checkpoint` on the rows of `rows` (at most `limit`
     prompts, taken round-robin over the domains). BadInput (exit 2 in the CLI) for a bad row, a row
     without an environment, or an unknown environment, before the model loads."""
-    from transformers import AutoTokenizer
-
-    from stagewise.data.chat import install_chat_template
-    from stagewise.eval.heldout import end_ids, round_robin
-    from stagewise.eval.rewards import RewardConfig
-    from stagewise.model.build import load_model
-    from stagewise.model.rollout.hf import HFGenerator
-    from stagewise.tasks.rl import RLWiring, heldout_scores, load_tasks
-
     path = Path(rows)
-    tasks = load_tasks(path, path.name.split(".")[0], None, environment, missing_environment="give --environment NAME")
-    tasks = round_robin(tasks, lambda t: t.domain, limit)
+    resolved = load_rows(path, path.name.split(".")[0], None, environment, missing_environment="give --environment NAME")
+    resolved = round_robin(resolved, lambda t: t.domain, limit)
     tokenizer = install_chat_template(AutoTokenizer.from_pretrained(str(checkpoint)))
-    wiring = RLWiring(tokenizer, tasks, RewardConfig(), reasoning, switch)
+    wiring = RLWiring(tokenizer, resolved, RewardConfig(), reasoning, switch)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     generator = HFGenerator(load_model(str(checkpoint), device=device), end_ids(tokenizer), pad_id, device=device)
-    scores = heldout_scores(generator, wiring, [t.id for t in tasks], samples, max_new_tokens, temperature, seed)
+    scores = heldout_scores(generator, wiring, [t.id for t in resolved], samples, max_new_tokens, temperature, seed)
     prompts: dict[str, int] = {}
-    for t in tasks:
+    for t in resolved:
         prompts[t.domain] = prompts.get(t.domain, 0) + 1
     return {**scores, "prompts": dict(sorted(prompts.items()))}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from stagewise.tasks.rl import ScoresCache
+from stagewise.eval.rl_scoring import HELDOUT_KIND, heldout_spec
+from stagewise.eval.score_memo import ScoreMemo
 
 
 class HFGenerator:  # named as the real one: the cache keys on the generator's class name
@@ -18,6 +19,6 @@ def test_the_sampler_precision_keys_the_held_out_scores(tmp_path):
     row = SimpleNamespace(model_dump=lambda mode: {"expected_answer": 4})
     wiring = SimpleNamespace(prompts={"a": SimpleNamespace(ids=(5, 6))},
                              rows={"a": SimpleNamespace(environment="exact_answer", row=row)})
-    path = lambda gen: ScoresCache(str(tmp_path), "sha").path(gen, wiring, ["a"], [8, 11, 1.0, 0])  # noqa: E731
+    path = lambda gen: ScoreMemo(tmp_path).path(HELDOUT_KIND, heldout_spec("sha", gen, wiring, ["a"], [8, 11, 1.0, 0]))  # noqa: E731
     assert path(HFGenerator("bf16")) != path(HFGenerator("trainer"))
     assert path(HFGenerator("trainer")) == path(HFGenerator(None))  # as cached before the setting existed

@@ -1,7 +1,7 @@
-"""Write the local benchmark items (eval/tasks/data/*.jsonl) from the demo world's generators.
+"""Write the local benchmark items (eval/benchmarks/data/*.jsonl) from the demo world's generators.
 
-    python -m eval.tasks.build_tasks            # rewrite the files (byte-identical when nothing changed)
-    python -m eval.tasks.build_tasks --check    # exit 1 if a committed file is stale
+    python -m stagewise.eval.benchmarks.build_tasks            # rewrite the files (byte-identical when nothing changed)
+    python -m stagewise.eval.benchmarks.build_tasks --check    # exit 1 if a committed file is stale
 
 The items test skills, not the world's invented entities: those depend on the recipe's
 seed, while a benchmark must mean the same thing for every recipe. So every task draws

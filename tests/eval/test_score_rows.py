@@ -1,4 +1,4 @@
-"""`stagewise eval CKPT --rows FILE` (eval/task_rows.py): the RL held-out scorer on any checkpoint and rows."""
+"""`stagewise eval CKPT --rows FILE` (eval/score_rows.py): the RL held-out scorer on any checkpoint and rows."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from stagewise.cli import app
 from stagewise.data.errors import BadInput
-from stagewise.eval.task_rows import score_rows
+from stagewise.eval.score_rows import score_rows
 
 runner = CliRunner()
 
@@ -46,10 +46,10 @@ class AlwaysFortyTwo:
 def forty_two(monkeypatch, tiny_checkpoint):
     from transformers import AutoTokenizer
 
-    import stagewise.model.rollout.hf as hf
+    import stagewise.eval.score_rows as score_rows_module
 
     AlwaysFortyTwo.answer = AutoTokenizer.from_pretrained(tiny_checkpoint)("42", add_special_tokens=False).input_ids
-    monkeypatch.setattr(hf, "HFGenerator", AlwaysFortyTwo)
+    monkeypatch.setattr(score_rows_module, "HFGenerator", AlwaysFortyTwo)
 
 
 def test_pass_at_1_and_greedy_per_domain_are_the_verifiers_mean(tmp_path, tiny_checkpoint, forty_two):

@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
-from stagewise.recipe.blocks.launch_text import (ContainerMount, EnvironmentPath, ImageRef, KubernetesLabel,
+from stagewise.engines.launch_text import (ContainerMount, EnvironmentPath, ImageRef, KubernetesLabel,
                                                  KubernetesSubdomain, PlainPath, SlurmName, SlurmPartitions, SlurmTime)
 
 Engine = Literal["torch", "megatron", "nemo_rl"]

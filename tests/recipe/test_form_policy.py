@@ -1,4 +1,4 @@
-"""The operator's boundary for form input (deployments/form_policy.py): which override keys and which
+"""The operator's boundary for form input (recipe/form_policy.py): which override keys and which
 recipe files a served flow admits, checked in the flow body before any work. A real Prefect server
 runs the same checks in tests/e2e/test_deployments.py."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stagewise.data.errors import BadInput
-from stagewise.deployments.form_policy import (DEFAULT_ALLOWED, POLICY_ENV, FormPolicy, form_policy, serving_policy,
+from stagewise.recipe.form_policy import (DEFAULT_ALLOWED, POLICY_ENV, FormPolicy, form_policy, serving_policy,
                                                shipped_root)
 from stagewise.flows.deployed import ablate_recipe_flow, run_recipe_flow
 

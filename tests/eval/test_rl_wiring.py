@@ -1,4 +1,5 @@
-"""The RL stage's wiring (tasks/rl.py): rows to prompts, completions to rewards, per-domain means."""
+"""The RL stage's wiring (eval/rl_wiring.py): rows to prompts, completions to rewards, per-domain means;
+and its held-out scores memoised per weights (eval/score_memo.py through tasks/rl.py's heldout_eval_task)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from stagewise.data.errors import BadInput
 from stagewise.eval.rewards import RewardConfig
 from stagewise.model.rollout import Rollout
-from stagewise.tasks.rl import RLWiring, by_domain, load_tasks
+from stagewise.eval.rl_wiring import RLWiring, by_domain, load_rows
 
 
 @pytest.fixture(scope="module")
@@ -32,23 +33,23 @@ ROW = {"responses_create_params": {"input": "Compute 2 + 3."}, "expected_answer"
 
 def test_rows_get_their_domain_and_environment(tmp_path):
     path = _rows(tmp_path, [ROW, {**ROW, "domain": "sums", "id": 7}])
-    a, b = load_tasks(path, "arith", None, None)
+    a, b = load_rows(path, "arith", None, None)
     assert (a.id, a.domain, a.environment) == ("arith:1", "arith", "exact_answer")
     assert (b.id, b.domain) == ("arith:7", "sums")
-    forced = load_tasks(path, "arith", "maths", "json_answer")
+    forced = load_rows(path, "arith", "maths", "json_answer")
     assert {t.domain for t in forced} == {"maths"} and {t.environment for t in forced} == {"json_answer"}
 
 
 def test_a_row_without_environment_is_refused_by_line(tmp_path):
     path = _rows(tmp_path, [ROW, {k: v for k, v in ROW.items() if k != "environment"}])
     with pytest.raises(BadInput, match="row 2: no environment"):
-        load_tasks(path, "arith", None, None)
+        load_rows(path, "arith", None, None)
     with pytest.raises(BadInput, match="exact_answer"):  # an unknown one lists the known ones
-        load_tasks(path, "arith", None, "exact")
+        load_rows(path, "arith", None, "exact")
 
 
 def test_completions_keep_reasoning_and_tool_markers(tmp_path, tokenizer):
-    tasks = load_tasks(_rows(tmp_path, [ROW]), "arith", None, None)
+    tasks = load_rows(_rows(tmp_path, [ROW]), "arith", None, None)
     wiring = RLWiring(tokenizer, tasks, RewardConfig(), reasoning=False)
     prompt = wiring.prompts["arith:1"]
     assert tokenizer.decode(list(prompt.ids)).endswith("<|im_start|>assistant\n")
@@ -62,7 +63,7 @@ def test_completions_keep_reasoning_and_tool_markers(tmp_path, tokenizer):
 
 
 def test_by_domain_weighs_every_prompt_the_same(tmp_path, tokenizer):
-    tasks = load_tasks(_rows(tmp_path, [ROW, {**ROW, "domain": "b"}, {**ROW, "domain": "b"}]), "a", None, None)
+    tasks = load_rows(_rows(tmp_path, [ROW, {**ROW, "domain": "b"}, {**ROW, "domain": "b"}]), "a", None, None)
     wiring = RLWiring(tokenizer, tasks, RewardConfig(), reasoning=False)
     means = by_domain({"a:1": [1.0, 0.0], "a:2": [1.0], "a:3": [0.0, 0.0, 0.0, 0.0]}, wiring)
     assert means == {"a": 0.5, "b": 0.5, "all": 0.5}
@@ -88,13 +89,14 @@ class _Tracker:
 
 
 def test_heldout_scores_are_read_back_for_the_same_weights_only(tmp_path, tokenizer):
-    from stagewise.tasks.rl import ScoresCache, heldout_eval_task
+    from stagewise.eval.score_memo import ScoreMemo
+    from stagewise.tasks.rl import heldout_eval_task
 
-    tasks = load_tasks(_rows(tmp_path, [ROW, {**ROW, "expected_answer": 6}]), "a", None, None)
+    tasks = load_rows(_rows(tmp_path, [ROW, {**ROW, "expected_answer": 6}]), "a", None, None)
     wiring = RLWiring(tokenizer, tasks, RewardConfig(), reasoning=False)
     gen, tracker, ids = _CountingGenerator(tokenizer), _Tracker(), [t.id for t in tasks]
     score = lambda weights, prefix: heldout_eval_task.fn(  # noqa: E731
-        gen, wiring, ids, 2, 4, 1.0, 0, tracker, "run", (0, 0), prefix=prefix, cache=ScoresCache(str(tmp_path), weights))
+        gen, wiring, ids, 2, 4, 1.0, 0, tracker, "run", (0, 0), prefix=prefix, memo=ScoreMemo(tmp_path), weights=weights)
     first = score("sha-a", "rl/test")
     assert first["rl/test/pass_at_1/a"] == 0.5 and gen.calls == 2  # sampled + greedy
     again = score("sha-a", "distill/test/student")
