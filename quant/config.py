@@ -12,14 +12,16 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
+from stagewise.quant.formats import FORMATS, UNQUANTIZED
 
-Format = Literal["nvfp4", "fp8", "bf16"]
-"""A per-operator format: NVFP4 (E2M1 in blocks of 16 with FP8 block scales), FP8 E4M3 per tensor,
-or BF16 (not quantized)."""
+Format = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
+"""A per-operator format, one of the registry's (quant/formats/: NVFP4, FP8, BF16 = not quantized).
+A Literal rather than a validator so a bad name is refused by pydantic's own words, listing the
+names in the registry's order ("Input should be 'nvfp4', 'fp8' or 'bf16'"), and the JSON schema
+keeps its enum."""
 
-QUANT_FORMATS: tuple[str, ...] = ("nvfp4", "fp8")
+QUANT_FORMATS: tuple[str, ...] = tuple(name for name, f in FORMATS.items() if f.quantized)
 """Formats the search may choose besides BF16 (BF16 is always a choice)."""
-
 
 
 class Pin(StrictConfig):
@@ -38,6 +40,8 @@ class QuantizeConfig(StrictConfig):
     """super: AutoQuantize search by measured sensitivity under the budget (the Super report);
     ultra: the fixed heuristic of the Ultra report (routed experts NVFP4, shared experts and Mamba
     linears FP8, attention and everything else BF16), no search and no budget."""
+    # The default is spelled out rather than QUANT_FORMATS: a new format must not change the default
+    # config, whose dump is a step hash's input (store/steps.py).
     formats: list[Format] = Field(default_factory=lambda: ["nvfp4", "fp8"], min_length=1)
     """Formats the search may choose per operator; BF16 (no quantization) is always a choice."""
     budget: Literal["effective_bits", "flops"] = "effective_bits"
@@ -65,6 +69,6 @@ class QuantizeConfig(StrictConfig):
     def _formats(self) -> "QuantizeConfig":
         if len(set(self.formats)) != len(self.formats):
             raise ValueError(f"formats: {self.formats} names a format twice")
-        if "bf16" in self.formats:
-            self.formats = [f for f in self.formats if f != "bf16"] or ["fp8"]  # bf16 is always a choice
+        if UNQUANTIZED in self.formats:  # always a choice
+            self.formats = [f for f in self.formats if f != UNQUANTIZED] or ["fp8"]
         return self

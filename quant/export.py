@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from stagewise.model.checkpoint import META_FILE, atomic_dir, weights_sha256
+from stagewise.quant.formats import format_stored_as
 from stagewise.quant.plan import Plan
 
 PLAN_FILE = "stagewise_quant.json"
@@ -51,9 +53,8 @@ def export_checkpoint(model: torch.nn.Module, plan: Plan, source: str | Path, ou
     The export consumes `model` (modelopt packs its weights in place): score it before, or export a copy.
     `meta` (model.checkpoint.CheckpointMeta's fields) becomes the export's stagewise.json, with the
     weights' sha256, so the export is a checkpoint of the pipeline like any other."""
-    from modelopt.torch.export import export_hf_checkpoint
+    from modelopt.torch.export import export_hf_checkpoint  # noqa: PLC0415 (nvidia-modelopt: 7 s to import, only where a model is quantized)
 
-    from stagewise.model.checkpoint import atomic_dir
 
     out_dir = Path(out_dir)
     model = model.to(dtype)  # modelopt's own dtype argument leaves an FP32 model's unquantized weights FP32
@@ -68,14 +69,12 @@ def export_checkpoint(model: torch.nn.Module, plan: Plan, source: str | Path, ou
         (tmp / PLAN_FILE).write_text(json.dumps({"formats": plan.formats, "searched": plan.searched,
                                                  "method": plan.method, "source": str(source)}, indent=2) + "\n")
         if meta is not None:
-            from stagewise.model.checkpoint import META_FILE, weights_sha256
-
             doc = meta | {"weight_sha256": weights_sha256(tmp)}
             (tmp / META_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True))
     return out_dir
 
 
-def _headers(export_dir: Path) -> dict[str, tuple[str, list[int]]]:
+def headers(export_dir: Path) -> dict[str, tuple[str, list[int]]]:
     """Every tensor's (dtype, shape) from the safetensors headers, without reading the data."""
     out: dict[str, tuple[str, list[int]]] = {}
     for f in sorted(export_dir.glob("*.safetensors")):
@@ -89,10 +88,10 @@ def _headers(export_dir: Path) -> dict[str, tuple[str, list[int]]]:
 def recount_bits(export_dir: str | Path, modules: list[str]) -> dict[str, tuple[int, float]]:
     """Per operator: (weight elements, storage bits) as the export holds them.
 
-    Counted: each `weight` tensor (a U8 weight is packed FP4: two elements a byte) and a per-block
-    `weight_scale` (NVFP4's E4M3 scales); per-tensor scalars are metadata and not counted (as in
-    modelopt's search). Fused experts are found under `<module>.<i>.<proj>`."""
-    heads = _headers(Path(export_dir))
+    Counted: each `weight` tensor (a format's packed dtype holds `QuantFormat.packing` elements per
+    stored one: NVFP4's U8 two a byte) and a per-block `weight_scale` (NVFP4's E4M3 scales);
+    per-tensor scalars are metadata and not counted (as in modelopt's search). Fused experts are found under `<module>.<i>.<proj>`."""
+    heads = headers(Path(export_dir))
     out: dict[str, tuple[int, float]] = {}
     for module in modules:
         prefix = export_name(module)
@@ -104,7 +103,8 @@ def recount_bits(export_dir: str | Path, modules: list[str]) -> dict[str, tuple[
         for k in weights:
             dtype, shape = heads[k]
             n = int(torch.tensor(shape).prod())
-            elements += n * (2 if dtype == "U8" else 1)
+            fmt = format_stored_as(dtype)
+            elements += n * (fmt.packing if fmt is not None else 1)
             bits += n * DTYPE_BYTES[dtype] * 8
             scale = heads.get(k[: -len("weight")] + "weight_scale")
             if scale is not None and len(scale[1]) > 0:

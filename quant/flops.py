@@ -10,15 +10,12 @@ weight, and a routed-experts module only runs the experts its router picked.
 from __future__ import annotations
 
 from torch import nn
+from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHExperts
 
-# Tensor-core time per FLOP relative to BF16. Blackwell's dense FP8 throughput is 2x BF16 and
-# its NVFP4 throughput 4x, so the same FLOPs take 1/2 and 1/4 of the time.
-FORMAT_COST = {"bf16": 1.0, "fp8": 0.5, "nvfp4": 0.25}
+from stagewise.quant.formats import format_named
 
 
 def _experts_class() -> type:
-    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHExperts
-
     return NemotronHExperts
 
 
@@ -58,7 +55,7 @@ def operator_flops(model: nn.Module, names: list[str]) -> dict[str, float]:
 
 
 def format_cost(flops: float, fmt: str) -> float:
-    """`flops` in BF16-equivalent tensor-core time when run in `fmt` ("bf16", "fp8", "nvfp4")."""
-    if fmt not in FORMAT_COST:
-        raise ValueError(f"unknown format {fmt!r}; expected one of {sorted(FORMAT_COST)}")
-    return flops * FORMAT_COST[fmt]
+    """`flops` in BF16-equivalent tensor-core time when run in `fmt`: the format's time per FLOP
+    relative to BF16 (`QuantFormat.flop_cost`, e.g. Blackwell's FP8 at 2x and NVFP4 at 4x BF16's
+    throughput take 1/2 and 1/4 of the time). ValueError for a name not in the registry."""
+    return flops * format_named(fmt).flop_cost

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pulp
+
 from stagewise.data.errors import BadInput
 
 # A budget equal to a feasible total (up to float rounding of the sum) counts as feasible.
@@ -49,8 +51,6 @@ def solve(groups: list[list[tuple[float, float]]], budget: float) -> Choice:
     Exact: a binary ILP (one binary per option, exactly one per group, one cost constraint)
     solved by CBC. Raises BadInput naming the minimum achievable cost when the budget is too small.
     """
-    import pulp
-
     limit = _check(groups, budget)
     # Scale scores and costs to O(1) so CBC's absolute tolerances (~1e-7) mean the same for
     # sensitivities of 1e-9 and FLOPs of 1e12; neither scaling changes the optimum.

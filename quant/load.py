@@ -2,12 +2,12 @@
 
 transformers cannot load a modelopt export (it skips the quantization and reads FP8 weights as raw
 codes, docs/STACK.md), and vLLM needs a GPU. So evaluation reads the export itself: the network is
-built from config.json, every weight is decoded from what the files hold (NVFP4: two E2M1 codes a
-byte x E4M3 block scale x FP32 tensor scale; FP8: E4M3 x FP32 scale; the rest BF16), fused experts
-are stacked back, and modelopt's quantizers are inserted with the plan's formats, their ranges
-(amax) set from the exported scales instead of recalibrated. Re-quantizing a decoded weight with its
-own scales gives it back exactly, and activations are quantized as the deployed model quantizes
-them, so what is scored is what is shipped.
+built from config.json, every weight is decoded by its format (quant/formats/) from what the files
+hold (NVFP4: two E2M1 codes a byte x E4M3 block scale x FP32 tensor scale; FP8: E4M3 x FP32 scale;
+the rest BF16), fused experts are stacked back, and modelopt's quantizers are inserted with the
+plan's formats, their ranges (amax) set from the exported scales (`QuantFormat.amax`) instead of
+recalibrated. Re-quantizing a decoded weight with its own scales gives it back exactly, and
+activations are quantized as the deployed model quantizes them, so what is scored is what is shipped.
 """
 
 from __future__ import annotations
@@ -18,33 +18,33 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, NemotronHForCausalLM
 
-from stagewise.quant.export import PLAN_FILE, export_name
+from stagewise.data.errors import BadInput
+from stagewise.model import mamba_torch
+from stagewise.model.build import ARCHITECTURES
+from stagewise.quant.export import PLAN_FILE, export_name, headers
+from stagewise.quant.formats import FORMATS, format_named, format_stored_as
+from stagewise.quant.quantizers import plan_config
 
-E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
-"""FP4 (E2M1) code -> value; bit 3 is the sign."""
-FP8_MAX, E2M1_MAX = 448.0, 6.0
-
-
-def decode_nvfp4(packed: torch.Tensor, block_scale: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
-    """Unpack [rows, cols/2] bytes (low nibble = even column) into [rows, cols] float32 values."""
-    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1).long()
-    values = E2M1[codes]
-    blocks = values.reshape(*values.shape[:-1], block_scale.shape[-1], -1)
-    return (blocks * (block_scale.float() * scale_2.float()).unsqueeze(-1)).reshape(values.shape)
+SCALES = tuple(sorted({s for f in FORMATS.values() for s in f.scales}))
+"""Suffixes of every format's scale tensors: read by the formats' decoders, not weights themselves."""
 
 
-def _weights(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Decoded float32 weights under the model's own names (`backbone.` -> `model.`), scales dropped."""
+def _weights(tensors: dict[str, torch.Tensor], stored: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Decoded float32 weights under the model's own names (`backbone.` -> `model.`), scales dropped.
+
+    `stored` is each tensor's safetensors dtype: a weight stored as a format's dtype is decoded by
+    that format (`QuantFormat.stored_as`, `.decode`); any other is taken as it is."""
     out = {}
     for name, t in tensors.items():
-        if name.endswith(("weight_scale", "weight_scale_2", "input_scale")):
+        if name.endswith(SCALES):
             continue
         base = name[: -len("weight")] if name.endswith(".weight") else None
-        if t.dtype == torch.uint8 and base is not None:
-            t = decode_nvfp4(t, tensors[base + "weight_scale"], tensors[base + "weight_scale_2"])
-        elif t.dtype == torch.float8_e4m3fn and base is not None:
-            t = t.float() * tensors[base + "weight_scale"].float()
+        fmt = format_stored_as(stored[name]) if base is not None else None
+        if fmt is not None:
+            t = fmt.decode(tensors, base)
         out["model." + name[len("backbone."):] if name.startswith("backbone.") else name] = t.float()
     return out
 
@@ -67,21 +67,14 @@ def _stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _amax(tensors: dict[str, torch.Tensor], base: str, fmt: str) -> tuple[float, float]:
-    """(weight amax, input amax) of one exported weight `<base>weight`, from its scales."""
-    if fmt == "nvfp4":  # scale_2 = amax / (6 * 448); the input scale likewise
-        return (float(tensors[base + "weight_scale_2"]) * E2M1_MAX * FP8_MAX,
-                float(tensors[base + "input_scale"]) * E2M1_MAX * FP8_MAX)
-    return float(tensors[base + "weight_scale"]) * FP8_MAX, float(tensors[base + "input_scale"]) * FP8_MAX
-
-
 def _set_ranges(model: torch.nn.Module, tensors: dict[str, torch.Tensor], formats: dict[str, str]) -> None:
     """Each quantizer's amax from the export: weight quantizers per tensor (per expert), inputs per projection."""
-    from modelopt.torch.quantization.nn import TensorQuantizer
+    from modelopt.torch.quantization.nn import TensorQuantizer  # noqa: PLC0415 (nvidia-modelopt: 7 s to import, only where a model is quantized)
 
     quantizers = {n: q for n, q in model.named_modules() if isinstance(q, TensorQuantizer) and q.is_enabled}
-    for module, fmt in formats.items():
-        if fmt == "bf16":
+    for module, name in formats.items():
+        fmt = format_named(name)
+        if not fmt.quantized:
             continue
         mine = {n: q for n, q in quantizers.items() if n.startswith(module + ".")}
         if any("_weight_quantizers." in n for n in mine):  # fused experts: per projection, per expert
@@ -89,12 +82,12 @@ def _set_ranges(model: torch.nn.Module, tensors: dict[str, torch.Tensor], format
             for proj in ("up_proj", "down_proj"):
                 inputs = []
                 for e in range(len([n for n in mine if n.startswith(f"{module}.{proj}_weight_quantizers.")])):
-                    w, i = _amax(tensors, f"{prefix}.{e}.{proj}.", fmt)
+                    w, i = fmt.amax(tensors, f"{prefix}.{e}.{proj}.")
                     mine[f"{module}.{proj}_weight_quantizers.{e}"].amax = torch.tensor(w)
                     inputs.append(i)
                 mine[f"{module}.{proj}_input_quantizer"].amax = torch.tensor(max(inputs))
         else:
-            w, i = _amax(tensors, export_name(module) + ".", fmt)
+            w, i = fmt.amax(tensors, export_name(module) + ".")
             mine[f"{module}.weight_quantizer"].amax = torch.tensor(w)
             mine[f"{module}.input_quantizer"].amax = torch.tensor(i)
 
@@ -103,21 +96,14 @@ def read_plan(export_dir: str | Path) -> dict:
     """The plan saved beside an export (every operator's format, the searched set, the method)."""
     path = Path(export_dir) / PLAN_FILE
     if not path.exists():
-        from stagewise.data.errors import BadInput
-
         raise BadInput(f"{export_dir}: not a stagewise quantized export (no {PLAN_FILE})")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
 def load_quantized(export_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
     """The exported model with fake-quantized weights and activations, ready to score on `device`."""
-    import modelopt.torch.quantization as mtq
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, NemotronHForCausalLM
+    import modelopt.torch.quantization as mtq  # noqa: PLC0415 (nvidia-modelopt: 7 s to import, only where a model is quantized)
 
-    from stagewise.model import mamba_torch
-    from stagewise.model.build import ARCHITECTURES
-    from stagewise.quant.formats import plan_config
 
     mamba_torch.install()  # the same Mamba-2 functions as the model it was quantized from
 
@@ -131,11 +117,9 @@ def load_quantized(export_dir: str | Path, device: str = "cpu") -> torch.nn.Modu
         tensors |= load_file(str(f))
     model = NemotronHForCausalLM(config)
     model.config.architectures = list(ARCHITECTURES)
-    state = _stack_experts(_weights(tensors))
+    state = _stack_experts(_weights(tensors, {k: dtype for k, (dtype, _) in headers(export_dir).items()}))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if not k.endswith("lm_head.weight") or not config.tie_word_embeddings]:
-        from stagewise.data.errors import BadInput
-
         raise BadInput(f"{export_dir}: the weights do not fit its config.json (missing {missing[:5]}, "
                        f"unexpected {unexpected[:5]})")
     model = model.float().to(device).eval()

@@ -98,7 +98,7 @@ def register_cpu_backend() -> None:
 
     Call it before restoring a model quantized with BACKEND in a new process: modelopt keeps
     only the backend's name in the model's state."""
-    from modelopt.torch.quantization.nn.modules.tensor_quantizer import (
+    from modelopt.torch.quantization.nn.modules.tensor_quantizer import (  # noqa: PLC0415 (nvidia-modelopt: 7 s to import, only where a model is quantized)
         is_registered_quant_backend,
         register_quant_backend,
     )

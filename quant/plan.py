@@ -5,13 +5,13 @@ A `Plan` is the choice (module name -> nvfp4 | fp8 | bf16) with the evidence beh
 sensitivity (gradient scores: the Fisher-diagonal Taylor term of docs/ALGORITHMS.md section 8);
 the choice under the budget is our exact multiple-choice knapsack over those scores
 (quant/knapsack.py), for both budgets:
-- `effective_bits`: cost = weight elements x the format's storage bits (quant/formats.BITS), over
+- `effective_bits`: cost = weight elements x the format's storage bits (`QuantFormat.bits`), over
   the searched operators. modelopt's own solver is not used for it: its accounting counts a fused
   experts module by one of its two projections (tiny: 131,072 of 262,144 weights) and disabled
   layers at 16 bits inside the budget, so its answer can overrun a budget counted over the weights
   the export holds, and a pinned output layer would eat the searched layers' budget.
 - `flops`: modelopt has no compute budget at all; cost = the operator's FLOPs per token x the
-  format's tensor-core time per FLOP (quant/flops.py).
+  format's tensor-core time per FLOP (quant/flops.py, `QuantFormat.flop_cost`).
 Pins: `keep_bf16` operators are left out of the search (modelopt's `disabled_layers`; outside the
 budget, as in modelopt), `pins` to a format become single-format search spaces (inside it). A pin
 on one of Q/K/V applies to all three (they share a format).
@@ -27,8 +27,11 @@ import torch
 
 from stagewise.data.errors import BadInput
 from stagewise.quant.config import QuantizeConfig
-from stagewise.quant.formats import BITS, search_formats
+from stagewise.quant.flops import format_cost
+from stagewise.quant.formats import UNQUANTIZED, format_named, format_with_num_bits
+from stagewise.quant.knapsack import solve
 from stagewise.quant.operators import NOT_OPERATORS, Operator, group_of, matches, operators
+from stagewise.quant.quantizers import plan_config, search_formats
 
 
 @dataclass
@@ -48,7 +51,7 @@ def fixed_formats(ops: list[Operator], cfg: QuantizeConfig) -> dict[str, str]:
     fixed: dict[str, str] = {}
     for op in ops:
         if matches(op.name, cfg.keep_bf16):
-            fixed[op.name] = "bf16"
+            fixed[op.name] = UNQUANTIZED
     for pin in cfg.pins:
         hit = {group_of(op.name) for op in ops if matches(op.name, [pin.pattern])}
         if not hit:
@@ -66,7 +69,7 @@ ULTRA = {"routed_experts": "nvfp4", "shared_expert": "fp8", "mamba_in": "fp8", "
 
 def ultra_plan(model: torch.nn.Module, cfg: QuantizeConfig) -> Plan:
     ops = operators(model)
-    chosen = {op.name: ULTRA.get(op.kind, "bf16") for op in ops} | fixed_formats(ops, cfg)
+    chosen = {op.name: ULTRA.get(op.kind, UNQUANTIZED) for op in ops} | fixed_formats(ops, cfg)
     return Plan(formats=chosen, searched=[op.name for op in ops], method="ultra-heuristic")
 
 
@@ -76,17 +79,17 @@ def search_plan(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], 
     pass a copy), then choose under the budget.
 
     `batches` carry input_ids and labels (the loss gives the gradients the scores need)."""
-    import modelopt.torch.quantization as mtq
+    import modelopt.torch.quantization as mtq  # noqa: PLC0415 (nvidia-modelopt: 7 s to import, only where a model is quantized)
 
     ops = operators(model)
     fixed = fixed_formats(ops, cfg)
-    kept = [n for n, f in fixed.items() if f == "bf16"]
+    kept = [n for n, f in fixed.items() if f == UNQUANTIZED]
     searched = [op.name for op in ops if op.name not in kept]
     if not searched:
         raise BadInput("keep_bf16/pins leave no operator to quantize")
     candidates = search_formats(cfg.formats, device)
     spaces = [{"module_name_patterns": [name], "quantization_formats": search_formats([fmt], device),
-               "allow_no_quant": False} for name, fmt in fixed.items() if fmt != "bf16"]
+               "allow_no_quant": False} for name, fmt in fixed.items() if fmt != UNQUANTIZED]
     # The constraint is left loose (16 bits): modelopt's run gives calibration and the scores, the
     # choice is ours (see the module docstring for why modelopt's own budget cannot be used).
     _, state = mtq.auto_quantize(
@@ -106,31 +109,28 @@ def search_plan(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], 
             raise ValueError("a flops budget needs the operators' FLOPs")
         chosen = _knapsack(stats, flops, "flops", cfg.flop_fraction)
     plan = Plan(formats={}, searched=searched, method=f"modelopt-scores+knapsack({cfg.budget})", scores=scores)
-    plan.formats = {op.name: chosen.get(op.name, fixed.get(op.name, "bf16")) for op in ops}
+    plan.formats = {op.name: chosen.get(op.name, fixed.get(op.name, UNQUANTIZED)) for op in ops}
     return plan
 
 
 def format_of(recipe: Any) -> str:
-    """Our format name for one of modelopt's candidate recipes, read from its weight quantizer's bits."""
+    """Our format name for one of modelopt's candidate recipes, read from its weight quantizer's bits
+    (`QuantFormat.num_bits`); a recipe without an enabled weight quantizer is BF16."""
     for entry in recipe.config.quant_cfg:
         cfg = getattr(entry, "cfg", None)
         if getattr(entry, "quantizer_name", "") == "*weight_quantizer" and cfg is not None and entry.enable:
-            return {(2, 1): "nvfp4", (4, 3): "fp8"}[tuple(cfg.num_bits)]
-    return "bf16"
+            return format_with_num_bits(cfg.num_bits).name
+    return UNQUANTIZED
 
 
 def _cost(size: float, fmt: str, kind: str) -> float:
     """An operator's cost in a format: weight bits (size = elements) or compute time (size = FLOPs)."""
-    from stagewise.quant.flops import format_cost
-
-    return size * BITS[fmt] / 16.0 if kind == "bits" else format_cost(size, fmt)
+    return size * format_named(fmt).bits / 16.0 if kind == "bits" else format_cost(size, fmt)
 
 
 def _knapsack(stats: dict[str, dict], size: Callable[[list[str]], dict[str, float]], kind: str,
               fraction: float) -> dict[str, str]:
     """One format per searched group minimising summed scores under `fraction` of the all-BF16 cost."""
-    from stagewise.quant.knapsack import solve
-
     keys = list(stats)
     per_op = size([m for k in keys for m in stats[k]["module_names"]])
     groups, labels = [], []
@@ -138,10 +138,10 @@ def _knapsack(stats: dict[str, dict], size: Callable[[list[str]], dict[str, floa
         group_size = sum(per_op[m] for m in stats[k]["module_names"])
         options = [(format_of(r), float(s)) for r, s in zip(stats[k]["formats"], stats[k]["scores"])]
         if not stats[k].get("allow_no_quant", True):
-            options = [o for o in options if o[0] != "bf16"]
+            options = [o for o in options if o[0] != UNQUANTIZED]
         labels.append([fmt for fmt, _ in options])
         groups.append([(score, _cost(group_size, fmt, kind)) for fmt, score in options])
-    budget = fraction * sum(_cost(sum(per_op[m] for m in stats[k]["module_names"]), "bf16", kind) for k in keys)
+    budget = fraction * sum(_cost(sum(per_op[m] for m in stats[k]["module_names"]), UNQUANTIZED, kind) for k in keys)
     choice = solve(groups, budget)
     return {m: labels[i][pick] for i, (k, pick) in enumerate(zip(keys, choice.picks)) for m in stats[k]["module_names"]}
 
@@ -150,15 +150,13 @@ def effective_bits(plan: Plan, ops: Iterable[Operator], over: str = "searched") 
     """Average storage bits per weight element: over the searched operators (the budget's scope) or all."""
     pool = [op for op in ops if over == "all" or op.name in plan.searched]
     total = sum(op.numel for op in pool)
-    return sum(op.numel * BITS[plan.formats[op.name]] for op in pool) / total if total else 16.0
+    return sum(op.numel * format_named(plan.formats[op.name]).bits for op in pool) / total if total else 16.0
 
 
 def quantize_with_plan(model: torch.nn.Module, plan: Plan, batches: list[dict[str, torch.Tensor]],
                        device: str) -> torch.nn.Module:
     """Insert the plan's quantizers into `model` and calibrate their ranges (amax) on `batches`."""
-    import modelopt.torch.quantization as mtq
-
-    from stagewise.quant.formats import plan_config
+    import modelopt.torch.quantization as mtq  # noqa: PLC0415 (nvidia-modelopt: 7 s to import, only where a model is quantized)
 
     def calibrate(m: torch.nn.Module) -> None:
         with torch.no_grad():

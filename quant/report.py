@@ -7,14 +7,14 @@ files; equal to effective_bits by construction, checked), `formats` (module -> f
 `table` (per operator: kind, format, weights, FLOP share, sensitivity of each format),
 `flop_share` and `weight_share` per format, `bf16` / `quantized` / `deltas` of every score,
 `method`, `device` and `emulated` (whether NVFP4 ran as our CPU fake quantization or modelopt's
-CUDA kernels).
+CUDA kernels: a CPU run with any `QuantFormat.cpu_emulated` format).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from stagewise.quant.formats import BITS
+from stagewise.quant.formats import format_named
 from stagewise.quant.operators import Operator
 from stagewise.quant.plan import Plan, effective_bits
 
@@ -32,10 +32,11 @@ def build_report(plan: Plan, ops: list[Operator], flops: dict[str, float], recou
         flop_share[fmt] += flops.get(op.name, 0.0) / total_flops
         weight_share[fmt] += op.numel / total_weights
         table.append({"module": op.name, "kind": op.kind, "format": fmt, "weights": op.numel,
-                      "bits": BITS[fmt], "flop_share": flops.get(op.name, 0.0) / total_flops,
+                      "bits": format_named(fmt).bits, "flop_share": flops.get(op.name, 0.0) / total_flops,
                       "searched": op.name in plan.searched, "sensitivity": plan.scores.get(op.name, {})})
+    emulated = device == "cpu" and any(format_named(f).cpu_emulated for f in plan.formats.values())
     return {
-        "method": plan.method, "device": device, "emulated": device == "cpu" and "nvfp4" in plan.formats.values(),
+        "method": plan.method, "device": device, "emulated": emulated,
         "effective_bits": effective_bits(plan, ops), "effective_bits_all": effective_bits(plan, ops, over="all"),
         "recounted_bits": recounted, "formats": dict(plan.formats), "table": table,
         "flop_share": dict(flop_share), "weight_share": dict(weight_share),

@@ -3,13 +3,15 @@
 Accuracy before/after is drawn by `before_after_plot` (every kind of score on its own axis); this
 chart is the format side: one bar per operator (length = its weights, colour = its format, in
 module order, so a reader sees which layers went to NVFP4), and the weight and FLOP shares per format.
+Each format's colour is its own (`QuantFormat.colour`, stagewise/quant/formats/), and the shares are
+drawn in the registry's order.
 """
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-COLOURS = {"nvfp4": "#76b900", "fp8": "#1f77b4", "bf16": "#999999"}
+from stagewise.quant.formats import FORMATS, format_named
 
 
 def quant_formats_plot(report: dict):
@@ -17,18 +19,18 @@ def quant_formats_plot(report: dict):
     fig, (ax_ops, ax_share) = plt.subplots(1, 2, figsize=(12, max(3.5, 0.22 * len(table) + 1.5)),
                                            gridspec_kw={"width_ratios": [1.6, 1]})
     for i, row in enumerate(table):
-        ax_ops.barh(i, row["weights"], color=COLOURS[row["format"]])
+        ax_ops.barh(i, row["weights"], color=format_named(row["format"]).colour)
         ax_ops.text(row["weights"], i, f" {row['format']}" + ("" if row["searched"] else " (kept)"), va="center", fontsize=7)
     ax_ops.set_yticks(range(len(table)), [r["module"] for r in table], fontsize=7)
     ax_ops.invert_yaxis()
     ax_ops.set_xlabel("weights (elements)")
     ax_ops.set_title("format per operator", fontsize=10)
-    formats = [f for f in COLOURS if report["weight_share"].get(f) or report["flop_share"].get(f)]
+    formats = [f for f in FORMATS if report["weight_share"].get(f) or report["flop_share"].get(f)]
     for row, key in enumerate(("weight_share", "flop_share")):
         left = 0.0
         for fmt in formats:
             share = report[key].get(fmt, 0.0)
-            ax_share.barh(row, share, left=left, color=COLOURS[fmt], label=fmt if row == 0 else None)
+            ax_share.barh(row, share, left=left, color=format_named(fmt).colour, label=fmt if row == 0 else None)
             if share > 0.06:
                 ax_share.text(left + share / 2, row, f"{share:.0%}", ha="center", va="center", color="white", fontsize=9)
             left += share

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from stagewise.quant.export import PLAN_FILE, recount_bits, recounted_effective_bits
-from stagewise.quant.load import decode_nvfp4, load_quantized
+from stagewise.quant.formats.nvfp4 import decode_nvfp4
+from stagewise.quant.load import load_quantized
 from stagewise.quant.operators import operators
 from stagewise.quant.plan import Plan, copy_model, effective_bits, quantize_with_plan
 

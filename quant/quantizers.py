@@ -1,11 +1,12 @@
-"""Our format names as modelopt quantizer settings, and a per-operator plan as one modelopt config.
+"""Our formats as modelopt quantizer settings, and a per-operator plan as one modelopt config.
 
 Every path that quantizes a model (the search's result, the Ultra heuristic, the reload of an
 export) goes through `plan_config`, so a format means the same quantizers everywhere: weights and
 the operator's input activations both in the format (W4A4 NVFP4, W8A8 FP8), per-tensor FP8 scales,
-NVFP4 blocks of 16 along the reduction dimension with E4M3 block scales. On a CPU, NVFP4 entries
-use our PyTorch fake quantization (quant/nvfp4.py: modelopt's dynamic NVFP4 needs CUDA); on a GPU
-modelopt's own kernels.
+NVFP4 blocks of 16 along the reduction dimension with E4M3 block scales. Which modelopt preset a
+format takes is the format's own (`QuantFormat.modelopt_preset`, quant/formats/). On a CPU, NVFP4
+entries use our PyTorch fake quantization (quant/nvfp4.py: modelopt's dynamic NVFP4 needs CUDA);
+on a GPU modelopt's own kernels.
 """
 
 from __future__ import annotations
@@ -13,22 +14,19 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-BITS: dict[str, float] = {"nvfp4": 4.5, "fp8": 8.0, "bf16": 16.0}
-"""Storage bits per weight element, as modelopt's search counts them and the export holds them:
-NVFP4 is 4 bits plus one 8-bit block scale per 16 elements (per-tensor scalars are not counted)."""
-
-MODELOPT_NAMES: dict[str, str] = {"nvfp4": "NVFP4_DEFAULT_CFG", "fp8": "FP8_DEFAULT_CFG"}
-"""The modelopt preset each of our formats takes its quantizer attributes from."""
+from stagewise.quant.formats import format_named
+from stagewise.quant.nvfp4 import with_cpu_backend
 
 
 def _preset(fmt: str, device: str) -> dict[str, Any]:
     """modelopt's preset config for `fmt`; on a CPU, NVFP4 through our emulation (quant/nvfp4.py)."""
-    import modelopt.torch.quantization as mtq
+    import modelopt.torch.quantization as mtq  # noqa: PLC0415 (nvidia-modelopt: 7-12 s to import, only where a model is quantized)
 
-    preset = copy.deepcopy(getattr(mtq, MODELOPT_NAMES[fmt]))
+    spec = format_named(fmt)
+    if not spec.quantized:
+        raise ValueError(f"{fmt} is not quantized: it has no modelopt preset")
+    preset = copy.deepcopy(getattr(mtq, spec.modelopt_preset))
     if device == "cpu":
-        from stagewise.quant.nvfp4 import with_cpu_backend
-
         preset = with_cpu_backend(preset)
     return preset
 
@@ -47,7 +45,7 @@ def plan_config(plan: dict[str, str], device: str) -> dict[str, Any]:
     also reaches the per-expert quantizers of fused experts). KV-cache quantizers stay off."""
     entries: list[dict[str, Any]] = [{"quantizer_name": "*", "enable": False}]
     for module, fmt in plan.items():
-        if fmt == "bf16":
+        if not format_named(fmt).quantized:
             continue
         cfg = quantizer_cfg(fmt, device)
         entries += [{"quantizer_name": f"{module}.*weight_quantizer*", "cfg": copy.deepcopy(cfg)},
