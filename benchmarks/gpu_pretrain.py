@@ -148,8 +148,8 @@ def run_pretrain(args) -> dict[str, Any]:
 
     from stagewise.model.build import build_model
     from stagewise.model.config import ModelConfig, TrainConfig
-    from stagewise.model.trainer import Trainer
     from stagewise.model.objectives import LMObjective
+    from stagewise.model.trainer import Trainer
 
     hf_logging.set_verbosity_error()
     steps = args.warmup + args.steps

@@ -85,8 +85,8 @@ class Setup:
         from transformers import AutoTokenizer
 
         from stagewise.data.chat import install_chat_template
-        from stagewise.eval.rewards import RewardConfig
         from stagewise.eval.heldout import end_ids
+        from stagewise.eval.rewards import RewardConfig
         from stagewise.eval.rl_wiring import RLWiring, load_rows
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(args.checkpoint))
@@ -108,8 +108,8 @@ class Setup:
 
 def heldout(generator, setup: Setup, args) -> dict[str, float]:
     """Greedy and pass@1 held-out accuracy over all held-out prompts (each prompt weighs the same)."""
-    from stagewise.model.rl_batches import pass_rates
     from stagewise.eval.rl_wiring import by_domain
+    from stagewise.model.rl_batches import pass_rates
 
     if not setup.heldout_ids:
         return {}
@@ -141,9 +141,9 @@ def run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path)
 def _run_mode(mode: str, setup: Setup, args, device: torch.device, workdir: Path, policy, generator) -> dict:
     from stagewise.data.rl_sampler import CurriculumSampler
     from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
-    from stagewise.model.trainer import Trainer
     from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective
     from stagewise.model.rl_batches import RolloutBatches, RolloutSettings
+    from stagewise.model.trainer import Trainer
 
     ratios = {d: 1.0 for d in sorted(setup.by_domain)}
     sampler = CurriculumSampler(setup.by_domain, ratios, args.prompts_per_step, args.steps, None, args.seed)

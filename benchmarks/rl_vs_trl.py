@@ -52,9 +52,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
 from rl_throughput import add_demo_inputs, default_rows, newest  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
 
 
 class OutOfTime(StopIteration):
@@ -70,9 +69,9 @@ class Setup:
         from stagewise.data.chat import install_chat_template
         from stagewise.data.rl_rows import prompt_key
         from stagewise.eval.heldout import end_ids
+        from stagewise.eval.rl_wiring import RLWiring, load_rows
         from stagewise.eval.splits import split_rows
         from stagewise.recipe.loader import load_recipe
-        from stagewise.eval.rl_wiring import RLWiring, load_rows
 
         loaded = load_recipe(args.recipe, args.set)
         self.seed = loaded.recipe.seed if args.seed is None else args.seed
@@ -96,9 +95,9 @@ class Setup:
 
 def score_test(model, setup: Setup, args, device: torch.device) -> dict[str, float]:
     """pass@1 per domain and over all test prompts (each prompt weighs the same)."""
+    from stagewise.eval.rl_wiring import by_domain
     from stagewise.model.rl_batches import pass_rates
     from stagewise.model.rollout import make_generator
-    from stagewise.eval.rl_wiring import by_domain
 
     ro = setup.block.rollout
     generator = make_generator("hf", model, setup.end_ids, setup.pad_id, device=device)

@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from packing import timed as best_of  # noqa: E402  (best of `repeat` runs, one helper for every benchmark)
 
 END = 2

@@ -40,10 +40,10 @@ import torch.nn.functional as F  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from stagewise.model.config import ModelConfig, TrainConfig  # noqa: E402
-from stagewise.model.trainer import Trainer  # noqa: E402
 from stagewise.model.objectives import LMObjective  # noqa: E402
 from stagewise.model.optim import speed_flags  # noqa: E402
 from stagewise.model.step import autocast, resolve_precision  # noqa: E402
+from stagewise.model.trainer import Trainer  # noqa: E402
 
 
 class FixedBatches:

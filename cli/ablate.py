@@ -53,9 +53,8 @@ def ablate_cmd(
     from stagewise.cli.run_log import quiet_libraries, start_run_log
 
     quiet_libraries(verbose)  # before torch, transformers and Prefect are imported
-    from stagewise.flows.ablate_plan import plan_ablation
-
     from stagewise.cli.run import doctor
+    from stagewise.flows.ablate_plan import plan_ablation
 
     plan = plan_ablation(recipe, stage, variant, overrides, budget, str(start) if start else None)
     for v in plan.variants:  # the recipe doctor on each variant's stage, before anything trains

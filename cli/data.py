@@ -245,8 +245,8 @@ def _sft_profiles(loaded, tok) -> list:
     from stagewise.data.curate import CurationError
     from stagewise.data.profile import profile_curated
     from stagewise.flows.sft import select
-    from stagewise.tasks.sft_data import curate_task, sft_world_task
     from stagewise.store.steps import value_of
+    from stagewise.tasks.sft_data import curate_task, sft_world_task
 
     r, block = loaded.recipe, select(loaded.recipe)
     data, workdir = block.stage.data, str(r.workdir)

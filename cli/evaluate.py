@@ -18,6 +18,7 @@ from stagewise.cli.options import DebugOpt, ExperimentOpt, JsonOpt, RuleOpt, Set
 from stagewise.cli.output import emit, guarded
 from stagewise.recipe.errors import BadInput
 
+
 def _eval_tasks(suite: Optional[str], recipe: Optional[Path], tasks: Optional[str], overrides: list[str]) -> list[str]:
     """The task list from --tasks, or from --suite in the recipe's eval block."""
     if (suite is None) == (tasks is None):

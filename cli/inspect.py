@@ -16,6 +16,7 @@ from stagewise.cli.options import DebugOpt, JsonOpt, SetOpt, load
 from stagewise.cli.output import emit, guarded
 from stagewise.recipe.errors import BadInput
 
+
 def _inspect_target(target: Optional[Path], preset: Optional[str], overrides: list[str]):
     """(ModelConfig, vocab_size, seq_length, micro_batch, precision) for a recipe, checkpoint or preset."""
     from stagewise.model.config import ModelConfig

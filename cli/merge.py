@@ -16,6 +16,7 @@ from stagewise.cli.options import DebugOpt, JsonOpt
 from stagewise.cli.output import emit, guarded
 from stagewise.recipe.errors import BadInput
 
+
 @guarded
 def merge_cmd(
     checkpoints: list[Path] = typer.Argument(..., help="Checkpoint directories to merge; ordered oldest first by the tokens_seen of their stagewise.json (as given when one has none).", show_default=False),
@@ -35,9 +36,8 @@ def merge_cmd(
     Example:
       stagewise merge runs/tiny/stages/pretrain-*/step-00000{300,330,360} --schedule minus-sqrt --out runs/tiny/merged
     """
-    from stagewise.model.merge import MANIFEST, MergeInputError, merge_checkpoints, merge_coefficients, order_by_tokens
-
     from stagewise.model.checkpoint_check import check_checkpoint
+    from stagewise.model.merge import MANIFEST, MergeInputError, merge_checkpoints, merge_coefficients, order_by_tokens
 
     for p in checkpoints:
         check_checkpoint(p, nemotron=False)  # any safetensors model merges; its files must be whole

@@ -112,8 +112,8 @@ def quantize_cmd(
 def _quantize(checkpoint: Path, out: Path, stage, loaded, calib: Optional[Path], heldout: Optional[Path], device: str) -> dict:
     """The quantize stage's inputs from the recipe, then its task, outside Prefect (the tasks' `.fn`)."""
     from stagewise.flows.quantize import data_root, export_meta, heldout_path, inputs_for, select
-    from stagewise.recipe import recipe_hash
     from stagewise.flows.stage import Upstream
+    from stagewise.recipe import recipe_hash
     from stagewise.tasks.data import prepare_data_task
     from stagewise.tasks.quantize import quantize_checkpoint
     from stagewise.tasks.sft_data import sft_world_task

@@ -98,6 +98,7 @@ def start_run_log(workdir: str | Path, verbose: bool) -> Path:
     every check (flows/pipeline.py's `on_start`), after `quiet_libraries`."""
     quiet_libraries(verbose)
     import prefect.main  # noqa: F401 - Prefect configures logging here (its console on the root logger), and
+
     # skips the root logger for good when one of ours is there first: ours come after
     from transformers.utils import logging as hf_logging
 

@@ -66,13 +66,11 @@ def serve_cmd(
       stagewise serve --recipe-root ~/team-recipes --allow-set workdir --allow-set 'stages.sft.**'
     """
     from stagewise.cli.run import shipped_recipe
-    from stagewise.recipe import load_recipe
-    from stagewise.recipe.shipped import resolve_recipe
-
     from stagewise.deployments.catalog import build_deployments, check_cron
-
-    from stagewise.recipe.form_policy import serving_policy
     from stagewise.flows.pipeline import tracker_for
+    from stagewise.recipe import load_recipe
+    from stagewise.recipe.form_policy import serving_policy
+    from stagewise.recipe.shipped import resolve_recipe
 
     path = resolve_recipe(recipe) if recipe is not None else shipped_recipe("tiny")
     loaded = load_recipe(path)  # a broken default recipe exits 2 here, not in every flow run

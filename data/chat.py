@@ -46,10 +46,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoTokenizer
+
 from stagewise.data.chat_masks import Example, derived_examples, generation_examples
 from stagewise.data.errors import BadInput
 from stagewise.data.reasoning_switch import SwitchSetting, resolve_switch, switched
 from stagewise.data.template_call import TemplateCall, has_generation_blocks, template_source
+from stagewise.data.tokenizer import load_tokenizer
 from stagewise.data.tool_arguments import arguments_form, in_form
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "chat.jinja"
@@ -75,16 +78,12 @@ def install_chat_template(tokenizer: Any) -> Any:
 def load_chat_tokenizer(path: str | Path) -> Any:
     """A tokenizer directory (it must define an eos token), with the chat template installed in
     memory when it carries none: what `data pack` and `data profile` render conversations with."""
-    from stagewise.data.tokenizer import load_tokenizer
-
     return install_chat_template(load_tokenizer(Path(path)))
 
 
 def install_chat_template_dir(tokenizer_dir: str | Path) -> Path:
     """Install our template into a saved tokenizer directory that carries none (a checkpoint copies
     it from there); a directory whose tokenizer has a template is left byte for byte as it is."""
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     if not getattr(tok, "chat_template", None):
         install_chat_template(tok).save_pretrained(str(tokenizer_dir))

@@ -37,12 +37,16 @@ class TokenizerConfig(StrictConfig):
     {kind: none}. Not a prepare input: it changes how chats are written, not how text is tokenized."""
 
 
+WORLD_FACTS = 3000
+"""The demo world's entity count when a recipe names none: the facts every later stage's world rows draw on."""
+
+
 class WorldConfig(StrictConfig):
     """The demo world: text made on the spot, deterministically from the recipe's seed."""
 
     stdlib_files: int = Field(200, ge=0)
     """Python standard-library modules whose docstrings and source become documents."""
-    facts: int = Field(3000, ge=0)
+    facts: int = Field(WORLD_FACTS, ge=0)
     """Synthetic encyclopedic fact documents."""
     arithmetic: int = Field(3000, ge=0)
     """Arithmetic problems with worked steps."""

@@ -17,7 +17,9 @@ from pathlib import Path
 import tokenizers
 
 from stagewise.data.config import DataConfig, SourceConfig, TokenizerConfig
+from stagewise.data.row_files import row_files
 from stagewise.data.sources import resolve_path, source_files
+from stagewise.data.tokenizer import existing_tokenizer_dir
 from stagewise.data.world import WORLD_VERSION
 
 FORMAT_VERSION = 1
@@ -42,8 +44,6 @@ def files_digest(files: list[Path], root: Path) -> list[list[str]]:
 def rows_digest(path: Path, split: str | None = None) -> str:
     """sha256 of what a row source reads (data/row_files.py): a file's bytes, or for a directory
     the names and sha256 of the files of its split (how a stage's step hashes a directory source)."""
-    from stagewise.data.row_files import row_files
-
     path = Path(path)
     files = [f.path for f in row_files(path, split)]
     return file_sha256(path) if path.is_file() else digest_of(files_digest(files, path))
@@ -59,8 +59,6 @@ def tokenizer_inputs(cfg: TokenizerConfig, base_dir: Path) -> dict:
     # how chats are written (reasoning_switch) is not how text is tokenized: not a prepare input
     out: dict = {"config": cfg.model_dump(exclude={"reasoning_switch"}), "tokenizers": tokenizers.__version__}
     if cfg.path is not None:
-        from stagewise.data.tokenizer import existing_tokenizer_dir
-
         root = existing_tokenizer_dir(cfg, base_dir)
         out["files"] = files_digest(sorted(p for p in root.rglob("*") if p.is_file()), root)
     return out

@@ -43,6 +43,7 @@ import torch
 
 from stagewise.data.long_context_config import DocQAConfig, LongContextDataConfig
 from stagewise.data.shards import SourceShards, TokenShard, write_source_shards
+from stagewise.data.world.doc_qa import doc_qa_texts
 
 STATE_VERSION = 1
 DOC_QA = "doc_qa"
@@ -95,8 +96,6 @@ def long_context_blend(cfg: LongContextDataConfig, phase2_blend: dict[str, float
 
 def prepare_doc_qa(tokenizer, out_dir: Path, cfg: DocQAConfig, seed: int, validation_fraction: float = 0.02) -> SourceShards:
     """Generate the document-QA texts and write them as train/val shards (data/shards.py)."""
-    from stagewise.data.world.doc_qa import doc_qa_texts
-
     texts = doc_qa_texts(cfg.documents, seed, cfg.entities, cfg.min_paragraphs, cfg.max_paragraphs)
     return write_source_shards(texts, tokenizer, Path(out_dir), validation_fraction, seed, name=DOC_QA)
 

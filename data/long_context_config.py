@@ -13,7 +13,6 @@ from pydantic import Field, model_validator
 from stagewise.config_base import StrictConfig
 
 
-
 class LengthShare(StrictConfig):
     """One sequence length of the mix and its share of the tokens."""
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
+from rich.console import Console
+
 from stagewise.data.atomic import building
 from stagewise.data.config import DataConfig, TokenizerConfig, WorldConfig
 from stagewise.data.digest import FORMAT_VERSION, digest_of, prepare_inputs
@@ -125,6 +127,5 @@ def _status(message: str, enabled: bool):
     """A rich spinner while a step without its own progress bar runs (or nothing)."""
     if not enabled:
         return nullcontext()
-    from rich.console import Console
 
     return Console(stderr=True).status(message)

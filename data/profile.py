@@ -38,12 +38,16 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, PrivateAttr
 
+from stagewise.data.chat import render_text
+from stagewise.data.curate import curate
 from stagewise.data.curate.dedup import near_duplicates
 from stagewise.data.curate.repetition import repeated_fraction
 from stagewise.data.curate.text import conversation_text, words
 from stagewise.data.errors import BadInput
 from stagewise.data.profile_warnings import ProfileWarning, profile_warnings
+from stagewise.data.sft_assembly import read_jsonl
 from stagewise.data.sft_config import CurateConfig
+from stagewise.data.sources import read_texts
 
 PROFILE_VERSION = 1
 """Bump when a statistic is measured differently (cached profiles are then recomputed)."""
@@ -219,8 +223,6 @@ def token_lengths(texts: Sequence[str], tokenizer: Any) -> list[int]:
 
 def conversation_lengths(convs: Sequence[dict], tokenizer: Any) -> list[int]:
     """Tokens of each conversation as the chat template renders it (the tokenizer must carry it)."""
-    from stagewise.data.chat import render_text
-
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template; call data.chat.install_chat_template first")
     return token_lengths([render_text(c, tokenizer) for c in convs], tokenizer)
@@ -311,8 +313,6 @@ def profile_curated(root: Path, sources: Sequence[Any], tokenizer: Any, substage
     """Every SFT source of a curated directory (data/sft_assembly.curate_sources: `<name>.jsonl` kept,
     `<name>.report.json`, `summary.json`), each under its domain, at the pack sizes of the sub-stages
     that weigh that domain. `sources` are SFTDataSource-like (name, domain_name)."""
-    from stagewise.data.sft_assembly import read_jsonl
-
     root, substages = Path(root), list(substages)
     summary = json.loads((root / "summary.json").read_text())
     out = []
@@ -381,9 +381,6 @@ def profile_file(path: Path, tokenizer: Any, tokenizer_name: str, limits: Mappin
     """One JSONL file: text rows (a bad line stops with file:line, as a pretraining source does) or
     conversations (curated in memory, nothing written, never failed for its reject rate: the profile
     reports the rejects)."""
-    from stagewise.data.curate import curate
-    from stagewise.data.sources import read_texts
-
     if detect_kind(path) == "text":
         return build_profile([profile_texts(path.stem, path, read_texts(path, "text"), tokenizer, limits, cfg,
                                             limit=limit)], [], tokenizer_name, cfg)

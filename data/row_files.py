@@ -53,6 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from stagewise.data.errors import BadInput, read_utf8
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
@@ -295,9 +298,6 @@ def read_jsonl(path: Path, on_bad: OnBad = raise_bad) -> Iterator[Row]:
 
 def _batches(path: Path, fmt: str, columns: list[str] | None):
     """(schema names, an iterator of record batches) of a parquet or Arrow file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if fmt == "parquet":
         try:
             pf = pq.ParquetFile(path)

@@ -23,12 +23,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from transformers import AutoTokenizer
 
+from stagewise.data.chat import install_chat_template_dir, turn_end_token
 from stagewise.data.content_hash import step_hash
 from stagewise.data.curate import CurationError, curate
 from stagewise.data.digest import file_sha256
 from stagewise.data.reasoning_switch import SwitchSetting
-from stagewise.data.sft_config import CurateConfig, SFTBlend, SFTDataSource
+from stagewise.data.row_files import read_jsonl as rows
+from stagewise.data.sft_blend import sample_blend
+from stagewise.data.sft_config import CurateConfig, PackingConfig, SFTBlend, SFTDataSource
+from stagewise.data.sft_data import pack_conversations, save_packed
+from stagewise.data.sft_rows import CurationInput
 
 IM_END = "<|im_end|>"
 """The chat template's end of turn: a chat model's generation stops there."""
@@ -71,8 +77,6 @@ def chat_eos(generation_config: dict, im_end_id: int) -> dict:
 
 def read_jsonl(path: str | Path) -> list[dict]:
     """The rows of a JSONL file this data path wrote (curated sources, samples, rejects)."""
-    from stagewise.data.row_files import read_jsonl as rows
-
     return [row.data for row in rows(Path(path))]
 
 
@@ -115,8 +119,6 @@ def curate_sources(paths: Mapping[str, Path], sources: Sequence[SFTDataSource], 
     reports name their rejects there. A source above its max_reject_rate raises
     CurationError; as `out` is then about to be removed, the failed source's rejects are first
     copied to `<final>.failed/` and the error points at that copy."""
-    from stagewise.data.sft_rows import CurationInput
-
     final = final or out
     reports = {}
     for s in sources:
@@ -163,8 +165,6 @@ def make_chat_start(src: Path, out: Path) -> None:
     """Fill `out` with checkpoint `src` as a chat model: the same weights (hard-linked when the
     filesystem allows), the chat template installed in its tokenizer, <|im_end|> among
     generation_config's eos ids. `src` itself is never edited."""
-    from stagewise.data.chat import install_chat_template_dir
-
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"SFT start checkpoint {src} is not a checkpoint directory (no config.json)")
     for f in sorted(src.iterdir()):
@@ -187,10 +187,6 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def set_chat_eos(ckpt: Path) -> None:
     """Add the template's turn-end token (data.chat.turn_end_token: <|im_end|> for ours) to `ckpt`'s
     generation_config.json eos ids (no-op when the template ends turns in no added token)."""
-    from transformers import AutoTokenizer
-
-    from stagewise.data.chat import turn_end_token
-
     tok = AutoTokenizer.from_pretrained(str(ckpt))
     end = turn_end_token(tok)
     im_end = tok.convert_tokens_to_ids(end) if end else None
@@ -213,12 +209,6 @@ def blend_and_pack(files: Mapping[str, str], domains: Mapping[str, str], blend: 
     Writes `out/rows.npz`, `out/sample.jsonl` ({"domain", "conversation"} per line: the next
     sub-stage's previous sample) and `out/report.json`, and returns the report:
     {"packing", "blend", "kept_previous", "mixture"}."""
-    from transformers import AutoTokenizer
-
-    from stagewise.data.sft_blend import sample_blend
-    from stagewise.data.sft_config import PackingConfig
-    from stagewise.data.sft_data import pack_conversations, save_packed
-
     pools: dict[str, list[dict]] = {}
     for name, path in files.items():
         pools.setdefault(domains[name], []).extend(read_jsonl(path))

@@ -12,7 +12,6 @@ from pydantic import Field, model_validator
 from stagewise.config_base import StrictConfig
 
 
-
 class CurateConfig(StrictConfig):
     """Which conversations are kept: structure, repetition, duplicates and length (data/curate/)."""
 

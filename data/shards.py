@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tokenizers import Tokenizer
 
 from stagewise.data.atomic import building
@@ -196,7 +197,6 @@ def _progress(name: str, enabled: bool):
     if not enabled:
         yield lambda n: None
         return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = [TextColumn("tokenizing {task.description}"), BarColumn(),
                TextColumn("{task.fields[docs]:,} docs, {task.completed:,.0f} tokens"), TimeElapsedColumn()]

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from jinja2 import TemplateSyntaxError
+from transformers.utils.chat_template_utils import _get_template_variables
+
 from stagewise.data.errors import BadInput
 
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -35,8 +38,6 @@ def template_source(tokenizer: Any, tools: list | None = None) -> str | None:
 @lru_cache(maxsize=64)
 def template_variables(source: str) -> frozenset[str]:
     """The names the template reads from its caller (kwargs such as `enable_thinking`)."""
-    from transformers.utils.chat_template_utils import _get_template_variables
-
     return _get_template_variables(source)
 
 
@@ -69,8 +70,6 @@ class TemplateCall:
         try:
             return self.tokenizer.apply_chat_template(messages, tools=self.tools or None, **options, **self.kwargs)
         except Exception as e:  # whatever the template raises about these messages  # noqa: BLE001
-            from jinja2 import TemplateSyntaxError
-
             if isinstance(e, TemplateSyntaxError):
                 raise  # the template itself is broken, not this conversation
             raise BadInput(f"{self.name()}: the chat template cannot render it: {type(e).__name__}: {e}") from None

@@ -19,6 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoTokenizer
+
 from stagewise.data.errors import BadInput
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -36,8 +38,6 @@ class TokenizerMismatch(BadInput):
 
 
 def _load(path: Path, who: str) -> Any:
-    from transformers import AutoTokenizer
-
     if not path.is_dir():
         raise BadInput(f"{path}: the {who}'s tokenizer directory does not exist")
     try:

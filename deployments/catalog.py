@@ -25,11 +25,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prefect.client.schemas.schedules import CronSchedule
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from pydantic import ValidationError
 
+from stagewise.data.errors import BadInput
 from stagewise.flows.deployed import ablate_recipe_flow, run_recipe_flow
 from stagewise.flows.nightly_eval import evaluate_latest_flow
+from stagewise.flows.pipeline import tracker_for
 from stagewise.flows.promote import promote_flow
+from stagewise.flows.registry import REGISTRY
+from stagewise.recipe import load_recipe
 
 WEEKLY_CRON = "0 3 * * 0"
 """Sundays at 03:00 UTC: a full pipeline run a week."""
@@ -41,18 +47,12 @@ NIGHTLY_CRON = "0 2 * * *"
 
 def stage_selections() -> dict[str, list[str]]:
     """Each registered stage alone, with the stages it reads from the same run (registry order)."""
-    from stagewise.flows.registry import REGISTRY
-
     order = [s.name for s in REGISTRY]
     return {s.name: [n for n in order if n in {*s.needs, s.name}] for s in REGISTRY}
 
 
 def check_cron(cron: str) -> str:
     """`cron` when Prefect can schedule it; BadInput naming `--cron` otherwise."""
-    from prefect.client.schemas.schedules import CronSchedule
-    from pydantic import ValidationError
-
-    from stagewise.data.errors import BadInput
 
     try:
         CronSchedule(cron=cron)
@@ -92,9 +92,6 @@ def build_deployments(recipe: str | Path, schedule: bool = True, cron: str = WEE
 def promotion_deployment(recipe: str | Path) -> RunnerDeployment:
     """The cutoff-promotion flow, its experiment and MLflow store defaulting to the recipe's (unscheduled:
     it needs a rule file; add a schedule with one in the UI to run it after each weekly pipeline)."""
-    from stagewise.flows.pipeline import tracker_for
-    from stagewise.recipe import load_recipe
-
     loaded = load_recipe(recipe)
     tracker = tracker_for(loaded.recipe, Path(loaded.recipe.workdir).resolve())
     return promote_flow.to_deployment(

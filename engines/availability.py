@@ -32,8 +32,8 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
-from stagewise.engines.megatron.release import MEGATRON_BRIDGE_RELEASE
 from stagewise.engines.config import LaunchConfig
+from stagewise.engines.megatron.release import MEGATRON_BRIDGE_RELEASE
 
 ENGINE_MODULES: dict[str, str] = {"megatron": "megatron.bridge", "nemo_rl": "nemo_rl"}
 """The module each launched engine's environment must provide."""

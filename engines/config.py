@@ -14,8 +14,17 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
-from stagewise.engines.launch_text import (ContainerMount, EnvironmentPath, ImageRef, KubernetesLabel,
-                                                 KubernetesSubdomain, PlainPath, SlurmName, SlurmPartitions, SlurmTime)
+from stagewise.engines.launch_text import (
+    ContainerMount,
+    EnvironmentPath,
+    ImageRef,
+    KubernetesLabel,
+    KubernetesSubdomain,
+    PlainPath,
+    SlurmName,
+    SlurmPartitions,
+    SlurmTime,
+)
 
 Engine = Literal["torch", "megatron", "nemo_rl"]
 """torch: ours, in process. megatron: Megatron-Bridge. nemo_rl: NeMo RL (GRPO, on-policy distillation)."""

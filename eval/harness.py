@@ -21,17 +21,23 @@ import contextlib
 import difflib
 import logging
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jinja2
+from transformers import AutoTokenizer
+
 from stagewise.data.errors import BadInput
+from stagewise.eval.benchmarks import TASKS_DIR
+from stagewise.eval.local_data import first_row
 from stagewise.eval.standard_tasks import StandardTask, UnknownTaskError, check_standard
 from stagewise.eval.task_spec import CHAT_PREFIX, TaskSpec, parse_task
 from stagewise.eval.task_yaml import task_config
-from stagewise.eval.benchmarks import TASKS_DIR
+from stagewise.model.build import load_model
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ def resolve_suite(recipe_eval: dict[str, list[str]], name: str) -> list[str]:
 @cache
 def _task_manager():
     """lm-eval's TaskManager over our local tasks only (lm-eval's own are built from their YAML, never indexed)."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # noqa: PLC0415 (lm_eval's task registry and models load only when a suite runs)
 
     return TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
 
@@ -133,8 +139,6 @@ def _local_entry_problems(spec: TaskSpec) -> list[str]:
 
 def _build_standard(tm, tasks: list[StandardTask]) -> list[tuple[StandardTask, Any]]:
     """Each standard task built by lm-eval on its files (its first row rendered): BadInput naming what failed."""
-    import jinja2
-
     built, problems = [], []
     for t in tasks:
         try:
@@ -150,8 +154,6 @@ def _build_standard(tm, tasks: list[StandardTask]) -> list[tuple[StandardTask, A
 
 
 def _first_columns(task: StandardTask) -> list[str]:
-    from stagewise.eval.local_data import first_row
-
     return sorted({c for ps in task.files.values() for p in ps for c in (first_row(p) or {})})
 
 
@@ -252,8 +254,6 @@ def library_bars_off():
     """Inside, with TQDM_DISABLE set: `sys.stderr` drops progress bars (tqdm's default stream), which
     libraries that pass tqdm's `disable` (lm-eval's request loops, modelopt's scoring) draw anyway.
     Without TQDM_DISABLE (a `--verbose` run, a notebook), nothing changes."""
-    import os
-
     if os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes"):
         yield
         return
@@ -371,8 +371,8 @@ def run_tasks(model, tokenizer, tasks: list[str], *, limit: int | float | None =
         raise BadInput(f"{', '.join(chat)}: a {CHAT_PREFIX} task renders its prompts with the tokenizer's chat "
                        f"template, and this tokenizer has none (evaluate a checkpoint whose tokenizer carries one, "
                        f"or drop {CHAT_PREFIX})")
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
+    from lm_eval import simple_evaluate  # noqa: PLC0415 (lm_eval's task registry and models load only when a suite runs)
+    from lm_eval.models.huggingface import HFLM  # noqa: PLC0415 (lm_eval's task registry and models load only when a suite runs)
 
     passes = [(suite.local + [task for t, task in built if not t.spec.chat], False),
               ([task for t, task in built if t.spec.chat], True)]
@@ -410,10 +410,6 @@ def _merge(outs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_checkpoint(ckpt_dir: str | Path, tasks: list[str], **kwargs: Any) -> EvalResult:
     """Load a checkpoint directory (weights, MTP heads, tokenizer) and run `run_tasks` on it."""
-    from transformers import AutoTokenizer
-
-    from stagewise.model.build import load_model
-
     device = kwargs.get("device", "cpu")
     model = load_model(ckpt_dir, device=device)
     tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir))

@@ -30,9 +30,13 @@ from typing import Any, Callable
 
 import torch
 
-from stagewise.data.chat import chat_text
+from stagewise.data.chat import chat_text, turn_end_token
 from stagewise.data.reasoning_switch import SwitchSetting
+from stagewise.data.sft_config import PackingConfig
+from stagewise.data.sft_data import KEYS, pack_conversations
 from stagewise.eval.metric_names import ANSWER_SCORES
+from stagewise.model.objectives.sft import IGNORE
+from stagewise.model.packed import causal_lm, packed_hidden
 
 
 def read_conversations(path: str | Path) -> list[dict]:
@@ -98,8 +102,6 @@ def shape(text: str) -> str:
 def end_ids(tokenizer: Any) -> list[int]:
     """Tokens that end a response: the token the template closes an assistant turn with
     (data.chat.turn_end_token: <|im_end|> for ChatML, <|eot_id|> for Llama 3) and the tokenizer's eos."""
-    from stagewise.data.chat import turn_end_token
-
     end = turn_end_token(tokenizer)
     ids = [tokenizer.convert_tokens_to_ids(end)] if end else []
     ids = [i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0]
@@ -171,11 +173,6 @@ def heldout_loss(model: torch.nn.Module, tokenizer: Any, convs: list[dict], pack
                  switch: SwitchSetting = "auto") -> dict[str, float]:
     """Token-normalised SFT loss over the assistant tokens of `convs` (packed; longer ones dropped;
     with `limit`, that many taken at an even stride through the list)."""
-    from stagewise.data.sft_config import PackingConfig
-    from stagewise.data.sft_data import KEYS, pack_conversations
-    from stagewise.model.objectives.sft import IGNORE
-    from stagewise.model.packed import causal_lm, packed_hidden
-
     if limit and limit < len(convs):  # an even stride keeps every domain of a domain-ordered file
         convs = [convs[i * len(convs) // limit] for i in range(limit)]
     packed = pack_conversations(convs, tokenizer, PackingConfig(pack_size=pack_size), switch=switch)

@@ -19,6 +19,7 @@ harness builds every task before it wraps the model and names a column its first
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import importlib.util
 import re
@@ -27,9 +28,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import jinja2.meta
+
 from stagewise.data.errors import BadInput
-from stagewise.eval.local_data import SUFFIXES, first_row, split_files
 from stagewise.eval.lm_eval_tasks import find_task_yaml, is_group, standard_names, tasks_root
+from stagewise.eval.local_data import SUFFIXES, first_row, load, split_files
 from stagewise.eval.task_spec import TaskSpec
 from stagewise.eval.task_yaml import FunctionRef, task_config
 
@@ -89,14 +93,12 @@ class StandardTask:
     @cached_property
     def _resolved(self) -> dict[str, Any]:
         """lm-eval's own reading of the YAML (functions imported), once the checks passed."""
-        from lm_eval.tasks._yaml_loader import load_yaml
+        from lm_eval.tasks._yaml_loader import load_yaml  # noqa: PLC0415 (lm_eval's task registry and models load only when a suite runs)
 
         return load_yaml(self.yaml_path, resolve_func=True)
 
     def lm_eval_config(self) -> dict[str, Any]:
         """The config dict TaskManager.load builds the task from: the task's own, dataset replaced."""
-        from stagewise.eval.local_data import load
-
         cfg = {k: v for k, v in self._resolved.items() if k not in ("tag", "group", "task_list")}
         cfg |= {"dataset_path": str(Path(self.spec.data or ".").resolve()), "dataset_name": None, "custom_dataset": load,
                 "dataset_kwargs": {"data_files": {s: [str(p) for p in ps] for s, ps in self.files.items()}}}
@@ -142,8 +144,6 @@ def _columns(config: dict[str, Any], process_docs: Any) -> tuple[tuple[str, ...]
     template with `x is defined` reads what the row has, so it claims none either."""
     if isinstance(process_docs, FunctionRef):
         return (), True
-    import jinja2
-    import jinja2.meta
 
     env, out, code = jinja2.Environment(), set(), False
     for key in _JINJA_FIELDS:
@@ -249,7 +249,7 @@ def _missing_code(needs: CodeNeeds) -> list[str]:
         if floor and _version(have) < _version(floor):
             out.append(f"Python package {req} (installed: {have})")
     if needs.nltk_data and importlib.util.find_spec("nltk") is not None:
-        import nltk
+        import nltk  # noqa: PLC0415 (nltk: 1.2 s to import, only for the one task that needs it)
 
         for res in needs.nltk_data:
             try:
@@ -267,8 +267,6 @@ def _version(text: str) -> tuple[int, ...]:
 
 def unknown_task(name: str, local: list[str]) -> BadInput:
     """A name neither eval/benchmarks/ nor lm-eval's YAMLs declare as a task (a group, or unknown: the close names)."""
-    import difflib
-
     if is_group(name):
         return BadInput(f"{name} is a group of lm-eval tasks, each with its own dataset: list its tasks one by one, "
                         f"each as TASK@FOLDER")

@@ -24,15 +24,19 @@ from typing import Callable
 
 from prefect import flow, task
 from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
 
-from stagewise.recipe import Recipe, recipe_hash
-from stagewise.recipe.params import MLFLOW_PARAM_MAX
+from stagewise.eval.ablation import compare, render_text
+from stagewise.eval.plots import ablation_plot
+from stagewise.eval.splits import is_test_metric
+from stagewise.flows.pipeline import runtime_of, tracker_for
 from stagewise.flows.registry import registered
 from stagewise.flows.stage import StageContext, Upstream
 from stagewise.model.runtime import Runtime
-from stagewise.store.policy import once, run_logger
-from stagewise.eval.splits import is_test_metric
+from stagewise.recipe import Recipe, recipe_hash
+from stagewise.recipe.params import MLFLOW_PARAM_MAX
 from stagewise.refs import StageResult
+from stagewise.store.policy import once, run_logger
 from stagewise.store.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker
 
 ABLATION_TAG = "stagewise.ablation"
@@ -78,9 +82,6 @@ def _run_variants(stage: str, recipes: dict[str, Recipe], contexts: dict[str, St
 def _report(tracker: Tracker, parent: str, stage: str, results: dict[str, StageResult]) -> dict:
     """The comparison on the ablation's run: JSON, text and chart, and each variant's target metric on
     the dev split where the stage has one (an ablation is tuning: test is for the report only)."""
-    from stagewise.eval.ablation import compare, render_text
-    from stagewise.eval.plots import ablation_plot
-
     summary = next((r.summary for r in results.values() if r.summary is not None), None)
     target = (summary.dev_metric or summary.metric) if summary else None
     table = compare({n: {k: v for k, v in r.metrics.items() if not is_test_metric(k)} for n, r in results.items()},
@@ -99,7 +100,6 @@ def ablate_flow(stage: str, recipes: dict[str, Recipe], overrides: dict[str, lis
                 runtime: Runtime, budget: float, start: str | None = None) -> dict:
     """Run `stage` once per variant recipe under one MLflow parent run, then compare the variants."""
     log = run_logger()
-    from stagewise.flows.pipeline import tracker_for
 
     first = next(iter(recipes.values()))
     tracker = tracker_for(first, Path(first.workdir).resolve())
@@ -130,9 +130,6 @@ def _target(result: StageResult) -> str | None:
 def run_ablation(plan, parallel: int = 1, on_start: Callable[[], object] | None = None) -> dict:
     """What `stagewise ablate` calls: the runtime checked first, then `on_start` (the CLI's run log), then
     the flow with `parallel` workers."""
-    from prefect.task_runners import ThreadPoolTaskRunner
-
-    from stagewise.flows.pipeline import runtime_of
 
     first = plan.loaded[plan.variants[0].name]
     runtime = runtime_of(first)

@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stagewise.recipe import LoadedRecipe, Recipe, RecipeError, load_recipe
 from stagewise.flows.registry import REGISTRY, registered
+from stagewise.recipe import LoadedRecipe, Recipe, RecipeError, load_recipe
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 DEFAULT_BUDGET = 0.25

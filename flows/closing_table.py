@@ -19,6 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from stagewise.eval.plots import stage_summary_plot
+from stagewise.eval.report import SignalPanel, pipeline_report
+from stagewise.flows.registry import REGISTRY
 from stagewise.refs import StageResult
 from stagewise.store.tracking import Tracker
 
@@ -84,9 +87,6 @@ def render(rows: list[dict]) -> str:
 def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult], workdir: str | Path) -> list[dict]:
     """Keep the table in the pipeline's MLflow run (JSON rows, text, chart) and the one-page
     report (eval/report.py: PNG + self-contained HTML) there and under `<workdir>/reports/`."""
-    from stagewise.eval.plots import stage_summary_plot
-    from stagewise.eval.report import pipeline_report
-
     rows = closing_rows(results)
     tracker.log_json(run_id, {"stages": rows}, "reports/closing_table.json")
     tracker.log_text(run_id, render(rows) + "\n", "reports/closing_table.txt")
@@ -100,8 +100,6 @@ def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult],
 def loss_curves(tracker: Tracker, results: list[StageResult]) -> dict[str, list[tuple[float, float]]]:
     """{stage: [(tokens_seen, train/lm_loss), ...]} of the stages that train a language model,
     read from the run that trained them (a reused stage's own run has no curve)."""
-    from stagewise.flows.registry import REGISTRY
-
     drawn = {s.name for s in REGISTRY if s.lm_curve}
     curves = {}
     for r in results:
@@ -117,9 +115,6 @@ def training_signals(tracker: Tracker, results: list[StageResult]) -> list[Signa
     stage's tag (SFT's `sft/<sub-stage>`, distillation's `distill/round-<r>`; its teachers' runs are
     other stages), labelled by the run's name after `<stage>/`. Lines without points and panels
     without lines are left out."""
-    from stagewise.eval.report import SignalPanel
-    from stagewise.flows.registry import REGISTRY
-
     declared = {s.name: s.signals for s in REGISTRY if s.signals}
     panels = []
     for r in results:

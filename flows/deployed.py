@@ -23,11 +23,18 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from prefect import flow
+from prefect.artifacts import create_markdown_artifact
 
-from stagewise.recipe.form_policy import form_policy
-from stagewise.flows.ablate_plan import ablatable
+from stagewise.data.errors import BadInput
+from stagewise.eval.ablation import render_text
+from stagewise.flows.ablate import run_ablation
+from stagewise.flows.ablate_plan import ablatable, plan_ablation
+from stagewise.flows.pipeline import publish_closing_table, tracker_for
 from stagewise.recipe import LoadedRecipe, available_stages, load_recipe, select_stages
+from stagewise.recipe.doctor import diagnose, failing
+from stagewise.recipe.form_policy import form_policy
 from stagewise.recipe.shipped import resolve_recipe
+from stagewise.store.policy import run_logger
 
 StageName = Literal[tuple(available_stages())]  # type: ignore[valid-type]  # the UI's multi-select
 """The stages this version can run, as the form's choices."""
@@ -60,9 +67,7 @@ def run_recipe_flow(
     carry the closing table and the MLflow link as artifacts, each stage's flow run its row
     (flows/pipeline.py).
     """
-    from stagewise.recipe.doctor import diagnose, failing
-    from stagewise.flows.pipeline import run_pipeline  # the stages (torch) load only once the input is good
-    from stagewise.store.policy import run_logger
+    from stagewise.flows.pipeline import run_pipeline  # noqa: PLC0415 (a deployed run checks its form before the stages (torch) load; the stages (torch) load only once the input is good)
 
     policy = form_policy()  # the operator's boundary (stagewise serve), before anything is read
     recipe = str(policy.admit_file(recipe, "recipe"))
@@ -75,13 +80,10 @@ def run_recipe_flow(
         if finding not in errors or force:
             logger.warning("recipe doctor: %s", finding.line())
     if errors and not force:
-        from stagewise.data.errors import BadInput
-
         raise BadInput([f.line() for f in errors], title="the recipe doctor found errors (run with force to run anyway)")
     logger.info("recipe %s (%s), stages %s, overrides %s, resume %s", loaded.path, loaded.recipe.name,
                 ",".join(chosen) if chosen else "all", list(overrides or []) or "none", resume)
     summary = run_pipeline(loaded, stages=chosen, resume=resume)
-    from stagewise.flows.pipeline import publish_closing_table, tracker_for
 
     # the page the Run button opens is this flow run's, not the pipeline subflow's: the table there too
     publish_closing_table(loaded.recipe.name, summary["stages"], tracker_for(loaded.recipe, Path(summary["workdir"])),
@@ -108,12 +110,6 @@ def ablate_recipe_flow(
     (a name repeated gathers its overrides), `budget` the fraction of the stage's budget each trains,
     `start` the checkpoint every variant starts from (default: model.from). Every variant is checked
     (overrides and the recipe doctor) before any work; the comparison is the run's artifact in the UI."""
-    from prefect.artifacts import create_markdown_artifact
-
-    from stagewise.eval.ablation import render_text
-    from stagewise.flows.ablate import run_ablation
-    from stagewise.flows.ablate_plan import plan_ablation
-    from stagewise.recipe.doctor import diagnose, failing
 
     policy = form_policy()  # the operator's boundary (stagewise serve), before anything is read
     recipe = str(policy.admit_file(recipe, "recipe"))
@@ -125,8 +121,6 @@ def ablate_recipe_flow(
     for v in plan.variants:
         errors = failing(diagnose(plan.loaded[v.name], [stage]))
         if errors:
-            from stagewise.data.errors import BadInput
-
             raise BadInput([f"--variant {v.name}: {f.line()}" for f in errors], title="the recipe doctor found errors")
     result = run_ablation(plan, parallel)
     create_markdown_artifact(key="stagewise-ablation", description=f"ablation of {stage}",

@@ -30,21 +30,60 @@ export adopted as the round's checkpoint; teachers and evaluations are the same.
 from __future__ import annotations
 
 from pathlib import Path
+
 from prefect import flow
 from pydantic import BaseModel
+from transformers import AutoTokenizer
 
-from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec, teacher_rl_block
+from stagewise.data.chat import install_chat_template, load_chat_tokenizer
+from stagewise.data.config import WORLD_FACTS
+from stagewise.data.errors import BadInput
 from stagewise.data.reasoning_switch import SwitchSetting, switch_spec
+from stagewise.data.rl_sampler import CurriculumSampler
+from stagewise.data.tokenizer_match import check_same_tokenizer
+from stagewise.engines.launch.stage import run_engine
+from stagewise.engines.nemo_rl.stage import (
+    distill_plan,
+    gym_environments,
+    mlflow_target,
+    refuse_unsupported,
+    row_agents,
+)
+from stagewise.engines.nemo_rl.translate import unsupported_distill
+from stagewise.eval.heldout import end_ids, round_robin
+from stagewise.eval.plots import before_after_plot, distill_plot
+from stagewise.eval.rewards import RewardConfig
+from stagewise.eval.rl_wiring import RLWiring
+from stagewise.eval.score_memo import ScoreMemo
+from stagewise.flows.rl import RLInputs, StageRows, refuse_backend, rl_flow, rl_metric_log, stage_generator, stage_rows
+from stagewise.flows.stage import (
+    Signal,
+    Stage,
+    StageContext,
+    Upstream,
+    checkpoint_hash,
+    finish,
+    resume_point,
+    reused_result,
+    stage_run,
+    start_checkpoint,
+)
+from stagewise.model.build import load_model
+from stagewise.model.checkpoint import read_meta
+from stagewise.model.distill_batches import DistillBatches
+from stagewise.model.objectives.grpo import GRPOObjective
+from stagewise.model.rollout.hf import HFGenerator
+from stagewise.model.teachers import TeacherRouter, make_teacher
+from stagewise.model.train_spec import make_trainer
 from stagewise.recipe import Recipe
-from stagewise.flows.rl import WORLD_ENTITIES, RLInputs, StageRows, backend_problem, rl_flow, stage_rows
+from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec, teacher_rl_block
 from stagewise.recipe.blocks.on_policy import block_spec
 from stagewise.recipe.blocks.rl import RLData, RLStage
-from stagewise.flows.stage import (Signal, Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point,
-                         reused_result, stage_run, start_checkpoint)
-from stagewise.store.policy import run_logger
 from stagewise.refs import CheckpointRef, StageResult, StageSummary
+from stagewise.store.policy import run_logger
 from stagewise.store.steps import step_dir, value_of
-from stagewise.eval.score_memo import ScoreMemo
+from stagewise.tasks.evaluate import suite_task
+from stagewise.tasks.rl import heldout_eval_task, rl_train_task
 
 STAGE = "distill"
 TARGET = "distill/test/student/pass_at_1/all"
@@ -63,7 +102,7 @@ class DistillInputs(BaseModel):
     rl: RLStage | None = None
     model_from: str | None = None
     suites: dict[str, list[str]] = {}
-    world_entities: int = WORLD_ENTITIES
+    world_entities: int = WORLD_FACTS
     reasoning_switch: SwitchSetting = "auto"
     """The recipe's tokenizer.reasoning_switch: how the prompts say `reasoning` to the student and teachers."""
 
@@ -75,7 +114,7 @@ def select(recipe: Recipe) -> DistillInputs | None:
     d = recipe.stages.distill
     return DistillInputs(stage=d, data=d.data or recipe.stages.rl.data, rl=recipe.stages.rl,
                          model_from=recipe.model.from_,
-                         suites=recipe.eval, world_entities=world.facts if world else WORLD_ENTITIES,
+                         suites=recipe.eval, world_entities=world.facts if world else WORLD_FACTS,
                          reasoning_switch=recipe.tokenizer.reasoning_switch)
 
 
@@ -90,7 +129,6 @@ def student_start(block: DistillInputs, upstream: Upstream, base_dir: str) -> st
     path = Path(named) if Path(named).is_absolute() else Path(base_dir) / named
     if path.is_dir():
         return str(path)
-    from stagewise.data.errors import BadInput
 
     raise BadInput(f"stages.distill.student: {named!r} is neither a stage that ran before distill in this run "
                    f"nor a checkpoint directory (looked for {path})")
@@ -125,7 +163,6 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
             teachers = {t.name: _teacher(teacher_ctx, block, t, student, upstream, r) for t in cfg.teachers}
             tracker.set_tags(run_id, {f"stagewise.teacher.{n}" + (f".round{r}" if r > 1 else ""): str(p)
                                       for n, p in teachers.items()})  # which checkpoint taught each domain
-            from stagewise.data.tokenizer_match import check_same_tokenizer
 
             check_same_tokenizer(student, teachers)
             teacher_scores = evaluator.teachers(teachers, at=r)
@@ -151,8 +188,6 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
 
 def _fixed_teacher(t: TeacherSpec, upstream: Upstream, base_dir: str) -> str:
     """A checkpoint or stage teacher's directory (checked before any work)."""
-    from stagewise.data.errors import BadInput
-
     if t.stage is not None:
         result = upstream.of(t.stage)
         if result is None:
@@ -181,8 +216,6 @@ class _Evaluator:
     """Held-out pass@1 of the student and the teachers, and the eval suite's retention."""
 
     def __init__(self, ctx: StageContext, block: DistillInputs, rows: StageRows, run_id: str):
-        from stagewise.eval.heldout import round_robin
-
         self.ctx, self.block, self.rows, self.run_id = ctx, block, rows, run_id
         domains = {r.domain for r in rows.train}
         self.heldout = {split: round_robin([r for r in held if r.domain in domains], lambda r: r.domain,
@@ -193,11 +226,6 @@ class _Evaluator:
     def wiring(self, checkpoint: str):
         """Prompts and verifiers, made once (every checkpoint here shares the student's tokenizer)."""
         if self.wired is None:
-            from transformers import AutoTokenizer
-
-            from stagewise.data.chat import install_chat_template
-            from stagewise.eval.rl_wiring import RLWiring
-
             self.tokenizer = install_chat_template(AutoTokenizer.from_pretrained(checkpoint))  # ours where none
             self.wired = RLWiring(self.tokenizer, self.rows.train + [r for held in self.heldout.values() for r in held],
                                   _accuracy_only(),
@@ -205,11 +233,6 @@ class _Evaluator:
         return self.wired
 
     def _score(self, checkpoint: str, ids: list[str], prefix: str, at: int) -> dict[str, float]:
-        from stagewise.eval.heldout import end_ids
-        from stagewise.model.build import load_model
-        from stagewise.model.rollout.hf import HFGenerator
-        from stagewise.tasks.rl import heldout_eval_task
-
         if not ids:
             return {}
         cfg, wiring = self.block.stage, self.wiring(checkpoint)
@@ -245,8 +268,6 @@ class _Evaluator:
     def retention(self, start: str, final: str, at: int) -> dict[str, float]:
         """The eval suite on the start and on the final student: per-score deltas and whether every
         drop stays within retention_margin (distill/retained)."""
-        from stagewise.tasks.evaluate import suite_task
-
         cfg = self.block.stage
         tasks = self.block.suites.get(cfg.eval_suite or "")
         if not tasks:
@@ -270,8 +291,6 @@ class _Evaluator:
 
 
 def _accuracy_only():
-    from stagewise.eval.rewards import RewardConfig
-
     return RewardConfig(accuracy=1.0)
 
 
@@ -305,8 +324,6 @@ def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teache
     with stage_run(round_ctx, name, {"stagewise.start_checkpoint": student}) as run_id:
         reused = reused_result(round_ctx, name, run_id, out_dir)
         if reused is not None:
-            from stagewise.model.checkpoint import read_meta
-
             meta = read_meta(reused.checkpoint)
             return CheckpointRef(path=reused.checkpoint, step=meta.step, tokens_seen=meta.tokens_seen,
                                  sha256=meta.weight_sha256 or ""), run_id
@@ -320,35 +337,14 @@ def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teache
 
 def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers: dict[str, str], rows: StageRows,
                  out_dir: Path, run_id: str) -> CheckpointRef:
-    from transformers import AutoTokenizer
-
-    from stagewise.data.chat import install_chat_template
-    from stagewise.data.errors import BadInput
-    from stagewise.data.rl_sampler import CurriculumSampler
-    from stagewise.eval.heldout import end_ids
-    from stagewise.model.build import load_model
-    from stagewise.model.distill_batches import DistillBatches
-    from stagewise.eval.rl_wiring import RLWiring
-    from stagewise.model.objectives.grpo import GRPOObjective
-    from stagewise.model.rollout import make_generator
-    from stagewise.model.teachers import TeacherRouter, make_teacher
-    from stagewise.model.train_spec import make_trainer
-    from stagewise.tasks.rl import rl_metric_log, rl_train_task
-
     cfg, device = block.stage, ctx.runtime.device
-    refused = backend_problem(cfg.backend, str(device))
-    if refused:
-        raise BadInput(refused.replace("stages.rl.backend", "stages.distill.backend"))
+    refuse_backend(cfg.backend, str(device), "stages.distill")
     tokenizer = install_chat_template(AutoTokenizer.from_pretrained(student))  # ours only where it carries none
     wiring = RLWiring(tokenizer, rows.train, _accuracy_only(), cfg.reasoning, block.reasoning_switch)
     routes = _routes(cfg, rows)
     policy = load_model(student, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    precision = cfg.rollout.sampler_precision  # hf backends: the sampling copy's (on_policy.py refuses bf16 on vllm)
-    options = {"hf": {"device": device, "precision": precision},
-               "hf-process": {"threads": cfg.worker_threads, "precision": precision},
-               "vllm": {"url": cfg.vllm_url}}[cfg.backend]
-    generator = make_generator(cfg.backend, policy, end_ids(tokenizer), pad_id, **options)
+    generator = stage_generator(cfg, policy, end_ids(tokenizer), pad_id, device)
     urls = {t.name: t.url for t in cfg.teachers}
     router = TeacherRouter({name: make_teacher(cfg.teacher_backend, name, path=path, url=urls[name], device=str(device))
                             for name, path in teachers.items()}, routes, cfg.default_teacher)
@@ -373,8 +369,6 @@ def _routes(cfg: DistillStage, rows: StageRows) -> dict[str, str]:
     routes = cfg.routes()
     unrouted = sorted({r.domain for r in rows.train} - set(routes))
     if unrouted and cfg.default_teacher is None:
-        from stagewise.data.errors import BadInput
-
         raise BadInput(f"stages.distill.teachers: no teacher covers domain(s) {', '.join(unrouted)} "
                        "(list them under a teacher's domains or set default_teacher)")
     return routes
@@ -391,9 +385,6 @@ def _prompts(cfg: DistillStage, rows: StageRows) -> tuple[dict[str, list[tuple[s
 
 def _refuse_on_nemo_rl(cfg: DistillStage, rows: StageRows, wiring) -> None:
     """What NeMo RL's MOPD cannot express given the rows (their verifiers' agents, the longest prompt)."""
-    from stagewise.engines.nemo_rl.stage import gym_environments, refuse_unsupported
-    from stagewise.engines.nemo_rl.translate import unsupported_distill
-
     refuse_unsupported("stages.distill", unsupported_distill(
         cfg, environments=gym_environments(rows.train), gym_agents=cfg.nemo_gym.agents if cfg.nemo_gym else None,
         max_prompt_tokens=max(len(wiring.prompts[r.id].ids) for r in rows.train)))
@@ -404,11 +395,6 @@ def _round_on_nemo_rl(ctx: StageContext, block: DistillInputs, student: str, tea
     """One round on NeMo RL's MOPD (engines/nemo_rl/stage.py): the prompts in our sampler's order,
     the round's teachers by their HF directories, one driver launch, NeMo RL's converter, the
     export adopted as the round's checkpoint."""
-    from stagewise.data.chat import load_chat_tokenizer
-    from stagewise.engines.launch.stage import run_engine
-    from stagewise.engines.nemo_rl.stage import distill_plan, mlflow_target, row_agents
-    from stagewise.eval.rl_wiring import RLWiring
-
     cfg = block.stage
     _routes(cfg, rows)
     wiring = RLWiring(load_chat_tokenizer(student), rows.train, _accuracy_only(), cfg.reasoning,
@@ -427,7 +413,6 @@ def _report(tracker, run_id: str, round_run_id: str, before: dict[str, float], a
     """Student before/after and each teacher, per domain (JSON + PNGs), and the last round's reverse KL."""
     if not before:
         return
-    from stagewise.eval.plots import before_after_plot, distill_plot
 
     table = {k: {"start": before[k], "distilled": after.get(k),
                  "teacher": teachers.get(k.replace("/student/", "/teacher/"))} for k in before}

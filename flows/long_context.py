@@ -15,19 +15,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel
 from prefect import flow, get_run_logger
+from pydantic import BaseModel
 
-from stagewise.engines.launch.stage import with_engine
-from stagewise.recipe import Recipe
-from stagewise.flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point, reused_result, stage_run
+from stagewise.data.long_context import DOC_QA, long_context_blend
+from stagewise.data.prepare import PreparedData
+from stagewise.engines.launch.stage import run_engine, with_engine
+from stagewise.engines.megatron.stage import long_context_datasets, long_context_plan
+from stagewise.engines.megatron.translate import MLflowTarget, long_context_train_config, megatron_precision
+from stagewise.flows.stage import (
+    Stage,
+    StageContext,
+    Upstream,
+    checkpoint_hash,
+    finish,
+    resume_point,
+    reused_result,
+    stage_run,
+)
 from stagewise.flows.stage_loop import run_stretches
-from stagewise.recipe.blocks.long_context import LongContextStage
 from stagewise.model.config import ModelConfig, MTPConfig, TrainConfig
-from stagewise.tasks.long_context import doc_qa_task, needle_task
+from stagewise.model.train_spec import LongContextData, TrainSpec
+from stagewise.recipe import Recipe
+from stagewise.recipe.blocks.long_context import LongContextStage
 from stagewise.refs import CheckpointRef, StageResult, StageSummary
 from stagewise.store.steps import step_dir, value_of
-from stagewise.model.train_spec import LongContextData, TrainSpec
+from stagewise.tasks.long_context import doc_qa_task, needle_task
 
 STAGE = "long_context"
 
@@ -50,8 +63,6 @@ def select(recipe: Recipe) -> LongContextInputs | None:
 
 def _shards(data_root: str) -> tuple[dict[str, str], dict[str, str]]:
     """Train and val shard dirs of every prepared pretraining source."""
-    from stagewise.data.prepare import PreparedData
-
     prepared = PreparedData.load(Path(data_root))
     return ({n: str(s.train) for n, s in prepared.sources.items()},
             {n: str(s.val) for n, s in prepared.sources.items() if s.val_tokens > 0})
@@ -67,8 +78,6 @@ def train_config(stage: LongContextStage, runtime_precision) -> TrainConfig:
     `global_batch_tokens` with the length mix (rows of the shortest length); Megatron-Bridge trains
     one length (megatron_bridge.long_context_train_config) in bf16 on GPUs, whatever this machine is."""
     if stage.engine == "megatron":
-        from stagewise.engines.megatron.translate import long_context_train_config, megatron_precision
-
         cfg = long_context_train_config(stage)
         return cfg.model_copy(update={"precision": megatron_precision(cfg.precision)})
     cfg = stage.train_config()
@@ -78,8 +87,6 @@ def train_config(stage: LongContextStage, runtime_precision) -> TrainConfig:
 @flow(name="long_context")
 def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Upstream) -> StageResult:
     """Continue pretraining the checkpoint handed on (merge's or pretraining's) on long sequences."""
-    from stagewise.data.long_context import DOC_QA, long_context_blend
-
     logger = get_run_logger()
     stage, tracker, seed = block.stage, ctx.tracker, ctx.seed
     base = upstream.last()
@@ -138,10 +145,6 @@ def long_context_flow(ctx: StageContext, block: LongContextInputs, upstream: Ups
 def _on_megatron(ctx: StageContext, stage: LongContextStage, model: ModelConfig, blend: dict[str, float], base,
                  doc_qa_train: str, run_id: str, out_dir: Path) -> CheckpointRef:
     """The stage trained by Megatron-Bridge (engines/megatron/stage.py) on the blend our loader samples."""
-    from stagewise.engines.launch.stage import run_engine
-    from stagewise.engines.megatron.stage import long_context_datasets, long_context_plan
-    from stagewise.engines.megatron.translate import MLflowTarget
-
     mlflow = MLflowTarget(ctx.tracker.uri, ctx.tracker.experiment, run_id, STAGE)
     datasets = long_context_datasets(blend, base.data_root, doc_qa_train)
     plan = long_context_plan(stage, model, stage.launch, base.checkpoint, out_dir, ctx.seed, mlflow, datasets)

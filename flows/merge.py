@@ -15,16 +15,18 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pydantic import BaseModel
 from prefect import flow, get_run_logger
+from pydantic import BaseModel
 
-from stagewise.recipe import Recipe
+from stagewise.eval.plots import merge_curves
 from stagewise.flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, reused_result, stage_run
+from stagewise.model.merge import checkpoints_with_tokens
+from stagewise.recipe import Recipe
 from stagewise.recipe.blocks.merge import MergeStage
-from stagewise.tasks.merge import merge_at_checkpoint_task
 from stagewise.refs import PreparedRef, StageResult, StageSummary
 from stagewise.store.steps import step_dir
 from stagewise.store.tracking import Tracker
+from stagewise.tasks.merge import merge_at_checkpoint_task
 
 STAGE = "merge"
 TARGET = "merge/handed_on_loss"
@@ -54,8 +56,6 @@ def merge_spec(block: MergeInputs, seed: int) -> dict:
 
 
 def _report(tracker: Tracker, run_id: str, windows: list[int]) -> None:
-    from stagewise.eval.plots import merge_curves
-
     histories = tracker.metric_histories(run_id, ["merge/trained/loss"] + [f"merge/{w}/loss" for w in windows])
     tracker.log_figure(run_id, merge_curves(histories), "reports/merge_vs_trained.png")
 
@@ -63,8 +63,6 @@ def _report(tracker: Tracker, run_id: str, windows: list[int]) -> None:
 @flow(name="merge")
 def merge_flow(ctx: StageContext, block: MergeInputs, upstream: Upstream) -> StageResult:
     """Merge the checkpoints of pretraining's stage dir over `windows_tokens` and hand on the best."""
-    from stagewise.model.merge import checkpoints_with_tokens
-
     logger = get_run_logger()
     stage, tracker = block.stage, ctx.tracker
     pretrain = upstream.of("pretrain")

@@ -18,12 +18,15 @@ from typing import Optional
 from prefect import flow
 
 from stagewise.data.errors import BadInput
+from stagewise.flows.pipeline import runtime_of, tracker_for
+from stagewise.flows.registry import REGISTRY
 from stagewise.recipe import load_recipe
 from stagewise.recipe.errors import did_you_mean
-from stagewise.flows.registry import REGISTRY
-from stagewise.store.policy import run_logger
+from stagewise.recipe.form_policy import form_policy
 from stagewise.refs import CheckpointRef
+from stagewise.store.policy import run_logger
 from stagewise.store.tracking import STAGE_TAG, Tracker
+from stagewise.tasks.evaluate import suite_task
 
 RUN_NAME = "nightly-eval"
 
@@ -54,11 +57,6 @@ def newest_checkpoint(tracker: Tracker) -> dict:
 def evaluate_latest_flow(recipe: str, suite: Optional[str] = None, overrides: Optional[list[str]] = None,
                          limit: Optional[int] = None) -> dict:
     """Score the newest registered checkpoint of `recipe` on its eval suites (or `suite`); `limit` items per task."""
-    from stagewise.flows.pipeline import runtime_of, tracker_for
-    from stagewise.tasks.evaluate import suite_task
-
-    from stagewise.recipe.form_policy import form_policy
-
     policy = form_policy()  # the operator's boundary (stagewise serve), before anything is read
     path = policy.admit_file(recipe, "recipe")
     policy.admit_overrides(overrides or [])

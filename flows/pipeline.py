@@ -24,14 +24,17 @@ from typing import Callable
 
 import yaml
 from prefect import flow, get_run_logger
+from prefect.artifacts import MarkdownArtifact, create_link_artifact, create_markdown_artifact
 from prefect.runtime import flow_run
+from prefect.utilities.engine import get_state_for_result
 
+from stagewise.engines.availability import EngineMissing, check_engine
 from stagewise.flows.closing_table import closing_rows, log_closing_table, markdown_table
-from stagewise.recipe import LoadedRecipe, Recipe, RecipeError, flatten_recipe, recipe_hash, select_stages
-from stagewise.recipe.errors import cite_location, locate
 from stagewise.flows.registry import REGISTRY
 from stagewise.flows.stage import NO_START, Stage, StageContext, Upstream
 from stagewise.model.runtime import Runtime, RuntimeUnavailable, resolve_runtime
+from stagewise.recipe import LoadedRecipe, Recipe, RecipeError, flatten_recipe, recipe_hash, select_stages
+from stagewise.recipe.errors import cite_location, locate
 from stagewise.refs import StageResult
 from stagewise.store.tracking import FLOW_RUN_TAG, RECIPE_TAG, Tracker, default_tracking_uri
 
@@ -85,16 +88,12 @@ def pipeline_flow(
 
 def stage_flow_run(result: StageResult) -> str | None:
     """The flow run a stage's result came from (Prefect links every returned object to its run's state)."""
-    from prefect.utilities.engine import get_state_for_result
-
     linked = get_state_for_result(result)
     return str(linked[0].state_details.flow_run_id) if linked else None
 
 
 def publish_stage_row(result: StageResult, flow_run_id: str | None, tracker: Tracker) -> None:
     """The stage's closing-table row and the link to its MLflow run, as an artifact on its own flow run."""
-    from prefect.artifacts import MarkdownArtifact
-
     MarkdownArtifact(key=f"stagewise-stage-{result.stage.replace('_', '-')}", flow_run_id=flow_run_id,
                      description=f"{result.stage}: its closing-table row",
                      markdown=markdown_table(closing_rows([result]), tracker.ui_url)).create()
@@ -104,8 +103,6 @@ def publish_closing_table(name: str, rows: list[dict], tracker: Tracker, parent:
     """The closing table (each MLflow run id a link), where the results are and a link to the pipeline's
     MLflow run, as artifacts on the current flow run's page: the pipeline's (a CLI run, the demo and a
     deployment alike), and a deployment's own run, the page its Run button opens (flows/deployed.py)."""
-    from prefect.artifacts import create_link_artifact, create_markdown_artifact
-
     url = tracker.ui_url(parent)
     create_markdown_artifact(
         key="stagewise-closing-table", description=f"{name}: one row per stage",
@@ -147,8 +144,6 @@ def runtime_of(loaded: LoadedRecipe) -> Runtime:
 def check_engines(loaded: LoadedRecipe, names: list[str]) -> None:
     """Every launched engine of the chosen stages can be launched here (its venv holds the engine, the
     scheduler's tool is on PATH); RecipeError naming the field, its line, and how to get the engine."""
-    from stagewise.engines.availability import EngineMissing, check_engine
-
     problems = []
     for name in names:
         block = getattr(loaded.recipe.stages, name, None)

@@ -14,22 +14,24 @@ hands on the recorded checkpoint.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
 from prefect import flow, get_run_logger
+from pydantic import BaseModel, ConfigDict
 
 from stagewise.data.config import DataConfig, TokenizerConfig
-from stagewise.engines.launch.stage import with_engine
-from stagewise.recipe import PretrainStage, Recipe
+from stagewise.data.prepare import PreparedData
+from stagewise.engines.launch.stage import run_engine, with_engine
+from stagewise.engines.megatron.stage import pretrain_plan
+from stagewise.engines.megatron.translate import MLflowTarget, megatron_precision
 from stagewise.flows.stage import Stage, StageContext, Upstream, finish, resume_point, reused_result, stage_run
 from stagewise.flows.stage_loop import run_stretches
 from stagewise.model.config import ModelConfig, TrainConfig
-from stagewise.engines.megatron.translate import megatron_precision
-from stagewise.tasks.data import prepare_data_task
-from stagewise.tasks.evaluate import loss_report_task, suite_task, validation_task
+from stagewise.model.train_spec import ShardData, TrainSpec
+from stagewise.recipe import PretrainStage, Recipe
 from stagewise.refs import CheckpointRef, PreparedRef, StageResult, StageSummary
 from stagewise.store.steps import step_dir, value_of
 from stagewise.store.tracking import Tracker
-from stagewise.model.train_spec import ShardData, TrainSpec
+from stagewise.tasks.data import prepare_data_task
+from stagewise.tasks.evaluate import loss_report_task, suite_task, validation_task
 
 STAGE = "pretrain"
 TARGET = "eval/validation/loss"
@@ -143,11 +145,6 @@ def _handed_on(ctx: StageContext, block: PretrainInputs, train_cfg: TrainConfig,
 def _on_megatron(ctx: StageContext, block: PretrainInputs, train_cfg: TrainConfig, prepared: PreparedRef, run_id: str,
                  out_dir) -> StageResult:
     """The stage trained by Megatron-Bridge (engines/megatron/stage.py), scored here like ours."""
-    from stagewise.data.prepare import PreparedData
-    from stagewise.engines.launch.stage import run_engine
-    from stagewise.engines.megatron.stage import pretrain_plan
-    from stagewise.engines.megatron.translate import MLflowTarget
-
     stage = block.stage
     mlflow = MLflowTarget(ctx.tracker.uri, ctx.tracker.experiment, run_id, STAGE)
     plan = pretrain_plan(train_cfg, stage.phases, block.model, stage.launch, prepared.root, out_dir, ctx.seed, mlflow)

@@ -35,8 +35,11 @@ from typing import Any, Literal, Optional
 from prefect import flow, get_run_logger
 
 from stagewise.data.errors import BadInput
-from stagewise.eval.gates import GateRule
-from stagewise.recipe import available_stages
+from stagewise.eval.cutoffs import load_rule, run_cutoff
+from stagewise.eval.gates import GateRule, UnknownMetricError, check_metrics
+from stagewise.recipe import STAGE_ORDER, available_stages
+from stagewise.recipe.form_policy import form_policy
+from stagewise.store.tracking import Tracker
 
 PROMOTION_TAG = "stagewise.promotion"
 PROMOTED_BY_TAG = "stagewise.promoted_by_run"
@@ -53,8 +56,6 @@ def default_alias(stage: str) -> str:
 
 def check_alias(alias: str, stage: str) -> str:
     """An alias MLflow accepts and that no stage run moves on its own; BadInput naming `alias` otherwise."""
-    from stagewise.recipe import STAGE_ORDER
-
     if not _ALIAS.match(alias) or alias.lower() == "latest" or re.match(r"^[vV]\d+$", alias):
         raise BadInput(f"alias {alias!r}: an MLflow alias is letters, digits, _ and -, and not 'latest' or v<N>; "
                        f"e.g. {default_alias(stage)!r}")
@@ -76,8 +77,6 @@ def check_tracking_uri(uri: Optional[str], field: str = "tracking_uri") -> str:
 def check_request(experiment: str, stage: str, rule: str, alias: Optional[str],
                   tracking_uri: Optional[str]) -> tuple[GateRule, str, str]:
     """(the parsed rule, the alias, the store URI), or BadInput naming what is wrong (the rule file's line and field)."""
-    from stagewise.eval.cutoffs import load_rule
-
     if not experiment or not experiment.strip():
         raise BadInput("experiment: give the MLflow experiment (by default the recipe's name)")
     if not stage or not stage.strip():
@@ -112,9 +111,6 @@ def judge(tracker: Any, experiment: str, stage: str, rule: GateRule) -> dict[str
     """Every run of the stage with the rule replayed and its registered version; the winner (or None).
 
     BadInput when the experiment or the stage has no runs, or when no run logs the rule's metrics."""
-    from stagewise.eval.cutoffs import run_cutoff
-    from stagewise.eval.gates import UnknownMetricError, check_metrics
-
     try:
         runs = tracker.find_stage_runs(experiment, stage)
     except LookupError as e:
@@ -206,9 +202,6 @@ def promote_flow(
         alias: The registry alias to move; default `<stage>-champion`.
         tracking_uri: The MLflow store; default MLFLOW_TRACKING_URI.
     """
-    from stagewise.recipe.form_policy import form_policy
-    from stagewise.store.tracking import Tracker
-
     policy = form_policy()  # the operator's boundary (stagewise serve), before anything is read
     policy.admit_file(rule, "rule")
     policy.admit_tracking(tracking_uri)

@@ -26,23 +26,42 @@ from pathlib import Path
 
 from prefect import flow
 from pydantic import BaseModel
+from transformers import AutoTokenizer
 
-from stagewise.data.config import DataConfig, TokenizerConfig
+from stagewise.data.chat import prompt_key
+from stagewise.data.config import WORLD_FACTS, DataConfig, TokenizerConfig
+from stagewise.data.digest import file_sha256 as file_hash
 from stagewise.data.errors import BadInput
 from stagewise.data.sft_config import SFTWorldConfig
 from stagewise.data.sources import resolve_path
-from stagewise.recipe.blocks.quantize import QuantizeStage
-from stagewise.recipe import Recipe
-from stagewise.flows.stage import Stage, StageContext, Upstream, checkpoint_hash, finish, reused_result, stage_run, start_checkpoint
-from stagewise.store.policy import run_logger
+from stagewise.eval.heldout import read_conversations
+from stagewise.eval.plots import before_after_plot, quant_formats_plot
 from stagewise.eval.scoring import Scoring
-from stagewise.tasks.quantize import quantize_checkpoint
+from stagewise.eval.splits import split_rows
+from stagewise.eval.validation import val_streams
+from stagewise.flows.stage import (
+    Stage,
+    StageContext,
+    Upstream,
+    checkpoint_hash,
+    finish,
+    reused_result,
+    stage_run,
+    start_checkpoint,
+)
+from stagewise.quant.calibration import stream_batches, text_batches
+from stagewise.quant.report import summary_lines
+from stagewise.recipe import Recipe
+from stagewise.recipe.blocks.quantize import QuantizeStage
 from stagewise.refs import StageResult, StageSummary
-from stagewise.store.steps import file_hash, step_dir, value_of
+from stagewise.store.policy import run_logger
+from stagewise.store.steps import step_dir, value_of
+from stagewise.tasks.data import prepare_data_task
+from stagewise.tasks.quantize import quantize_checkpoint
+from stagewise.tasks.sft_data import sft_world_task
 
 STAGE = "quantize"
 TARGET = "quant/test/exact_match"
-WORLD_ENTITIES = 3000
 QUANT_VERSION = 1
 """Bump when what a plan or a score means changes: finished quantize steps then rerun."""
 
@@ -56,7 +75,7 @@ class QuantizeInputs(BaseModel):
     data: DataConfig
     tokenizer: TokenizerConfig
     sft_world: SFTWorldConfig | None = None
-    world_entities: int = WORLD_ENTITIES
+    world_entities: int = WORLD_FACTS
     suites: dict[str, list[str]] = {}
 
 
@@ -67,7 +86,7 @@ def select(recipe: Recipe) -> QuantizeInputs | None:
     world = recipe.data.world
     return QuantizeInputs(stage=recipe.stages.quantize, model_from=recipe.model.from_, data=recipe.data,
                           tokenizer=validation_tokenizer(recipe), sft_world=sft.data.world if sft else None,
-                          world_entities=world.facts if world else WORLD_ENTITIES, suites=recipe.eval)
+                          world_entities=world.facts if world else WORLD_FACTS, suites=recipe.eval)
 
 
 def validation_tokenizer(recipe: Recipe) -> TokenizerConfig:
@@ -85,8 +104,6 @@ def data_root(block: QuantizeInputs, upstream: Upstream, workdir: str, seed: int
               prepare=None) -> str:
     """The prepared data whose validation text calibrates and scores: this run's pretraining data, else
     prepared now (content-hashed: reused when it exists). `prepare` is the task (the CLI passes its `.fn`)."""
-    from stagewise.tasks.data import prepare_data_task
-
     pretrain = upstream.of("pretrain")
     if pretrain and pretrain.data_root:
         return pretrain.data_root
@@ -95,8 +112,6 @@ def data_root(block: QuantizeInputs, upstream: Upstream, workdir: str, seed: int
 
 def heldout_path(block: QuantizeInputs, workdir: str, seed: int, base_dir: str, world=None) -> str | None:
     """The held-out conversations: `heldout`, else the SFT world's (generated once per seed, else reused)."""
-    from stagewise.tasks.sft_data import sft_world_task
-
     world_dir = None
     if block.sft_world is not None and (block.stage.heldout is None or block.stage.heldout.startswith("@world/")):
         world_dir = value_of((world or sft_world_task)(block.sft_world, block.sft_world.entities or block.world_entities,
@@ -146,13 +161,6 @@ def inputs_for(stage: QuantizeStage, start: str, root: str, calib: str | None, h
                suites: dict[str, list[str]], seed: int) -> tuple[list[dict], Scoring]:
     """The calibration batches and what both models are scored on (the stage and the CLI alike): the
     held-out conversations' test split under the recipe's `seed` (eval/splits.py)."""
-    from transformers import AutoTokenizer
-
-    from stagewise.data.chat import prompt_key
-    from stagewise.eval.heldout import read_conversations
-    from stagewise.eval.splits import split_rows
-    from stagewise.quant.calibration import stream_batches, text_batches
-
     streams = validation_streams(root, start)
     n = max(stage.calib_batches, stage.score_batches)
     batches = (text_batches(calib, AutoTokenizer.from_pretrained(start), n, stage.batch_size, stage.seq_length)
@@ -166,10 +174,6 @@ def inputs_for(stage: QuantizeStage, start: str, root: str, calib: str | None, h
 
 def validation_streams(root: str, start: str) -> dict:
     """The prepared data's validation streams, after checking they are in the checkpoint's vocabulary."""
-    from transformers import AutoTokenizer
-
-    from stagewise.eval.validation import val_streams
-
     theirs = AutoTokenizer.from_pretrained(str(Path(root) / "tokenizer")).get_vocab()
     ours = AutoTokenizer.from_pretrained(start).get_vocab()
     if any(ours.get(t) != i for t, i in theirs.items()):
@@ -186,9 +190,6 @@ def export_meta(start: str, recipe_hash: str) -> dict:
 
 def log_report(tracker, run_id: str, report: dict) -> dict[str, float]:
     """The report's numbers as `quant/...` metrics, its JSON and its two charts; the lines a person reads."""
-    from stagewise.eval.plots import before_after_plot, quant_formats_plot
-    from stagewise.quant.report import summary_lines
-
     logged = {"quant/effective_bits": report["effective_bits"], "quant/effective_bits_all": report["effective_bits_all"],
               "quant/recounted_bits": report["recounted_bits"]}
     for side in ("bf16", "quantized"):

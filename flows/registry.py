@@ -15,8 +15,10 @@ import typing
 from collections.abc import Mapping, Sequence
 
 from stagewise.flows import distill, long_context, merge, pretrain, quantize, rl, sft
-from stagewise.recipe import STAGE_ORDER
 from stagewise.flows.stage import Stage
+from stagewise.recipe import STAGE_ORDER
+from stagewise.recipe.blocks.contract import missing_hooks
+from stagewise.recipe.schema import stage_blocks
 
 REGISTRY: tuple[Stage, ...] = (
     pretrain.STAGE_ENTRY,
@@ -44,9 +46,6 @@ def problems(entries: Sequence[Stage] = REGISTRY, blocks: Mapping[str, type] | N
     reads; empty when nothing. Each entry's recipe block (`blocks[name]`, else its StagesConfig field's
     type) must define the hooks of recipe/blocks/contract.py; `needs` must name earlier stages; `start`
     and `hands_on` must be values the pipeline knows, and nothing may start from an export."""
-    from stagewise.recipe.blocks.contract import missing_hooks
-    from stagewise.recipe.schema import stage_blocks
-
     hints = typing.get_type_hints(Stage)
     starts, hands = typing.get_args(hints["start"]), typing.get_args(hints["hands_on"])
     known = {**stage_blocks(), **(blocks or {})}

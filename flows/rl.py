@@ -35,26 +35,55 @@ from pathlib import Path
 
 from prefect import flow
 from pydantic import BaseModel
+from transformers import AutoTokenizer
 
+from stagewise.data.chat import install_chat_template
+from stagewise.data.config import WORLD_FACTS
+from stagewise.data.digest import rows_digest
+from stagewise.data.errors import BadInput
 from stagewise.data.reasoning_switch import SwitchSetting, switch_spec
+from stagewise.data.rl_curriculum import difficulty_filter
+from stagewise.data.rl_rows import prompt_key
+from stagewise.data.rl_sampler import CurriculumSampler
+from stagewise.data.sources import resolve_path
+from stagewise.engines.launch.stage import run_engine
+from stagewise.engines.nemo_rl.stage import gym_environments, mlflow_target, refuse_unsupported, rl_plan, row_agents
+from stagewise.engines.nemo_rl.translate import unsupported
+from stagewise.eval.heldout import end_ids, round_robin
+from stagewise.eval.plots import before_after_plot, rl_training_plot
+from stagewise.eval.rl_wiring import RLWiring, load_rows
+from stagewise.eval.score_memo import ScoreMemo
+from stagewise.eval.splits import split_rows
+from stagewise.flows.stage import (
+    Signal,
+    Stage,
+    StageContext,
+    Upstream,
+    checkpoint_hash,
+    finish,
+    resume_point,
+    reused_result,
+    stage_run,
+    start_checkpoint,
+)
+from stagewise.model.build import load_model
+from stagewise.model.checkpoint import load_weights_into
+from stagewise.model.objectives.grpo import GRPOObjective, token_logprobs
+from stagewise.model.rl_batches import RolloutBatches, pass_rates, seed_for
+from stagewise.model.rollout import make_generator
+from stagewise.model.train_spec import make_trainer
 from stagewise.recipe import Recipe
 from stagewise.recipe.blocks.on_policy import block_spec
 from stagewise.recipe.blocks.rl import RLStage
-from stagewise.flows.stage import (Signal, Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point,
-                         reused_result, stage_run, start_checkpoint)
-from stagewise.store.policy import run_logger
 from stagewise.refs import CheckpointRef, StageResult, StageSummary
-from stagewise.eval.rl_wiring import RLWiring, load_rows
-from stagewise.eval.score_memo import ScoreMemo
-from stagewise.tasks.rl import heldout_eval_task, profile_task, rl_metric_log, rl_train_task, rl_world_task
-from stagewise.data.sources import resolve_path
-from stagewise.data.digest import rows_digest
+from stagewise.store.policy import run_logger
 from stagewise.store.steps import step_dir, value_of
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.rl import heldout_eval_task, profile_task, rl_train_task, rl_world_task
 
 STAGE = "rl"
 TARGET = "rl/test/pass_at_1/all"
 DEV_TARGET = "rl/dev/pass_at_1/all"
-WORLD_ENTITIES = 3000
 
 
 class RLInputs(BaseModel):
@@ -63,7 +92,7 @@ class RLInputs(BaseModel):
 
     stage: RLStage
     model_from: str | None = None
-    world_entities: int = WORLD_ENTITIES
+    world_entities: int = WORLD_FACTS
     name: str = STAGE
     """The stage's name (MLflow run, step directory, checkpoint alias): another name when the RL
     machinery trains a distillation teacher (flows/distill.py)."""
@@ -81,7 +110,7 @@ def select(recipe: Recipe) -> RLInputs | None:
         return None
     world = recipe.data.world
     return RLInputs(stage=recipe.stages.rl, model_from=recipe.model.from_,
-                    world_entities=world.facts if world else WORLD_ENTITIES,
+                    world_entities=world.facts if world else WORLD_FACTS,
                     reasoning_switch=recipe.tokenizer.reasoning_switch)
 
 
@@ -109,7 +138,7 @@ def rl_spec(block: RLInputs, seed: int) -> dict:
 def rl_flow(ctx: StageContext, block: RLInputs, upstream: Upstream | None = None) -> StageResult:
     """GRPO from the checkpoint the previous stage handed on (else `model.from`), per `stages.rl`."""
     log = run_logger()
-    cfg, tracker = block.stage, ctx.tracker
+    cfg = block.stage
     start_from = start_checkpoint(upstream or Upstream(), block.model_from)
     name = block.name
     with stage_run(ctx, name, {"stagewise.start_checkpoint": start_from}) as run_id:
@@ -138,9 +167,6 @@ class StageRows:
 
     def split(self, seed: int) -> dict[str, list]:
         """The held-out rows by split, {"dev": [...], "test": [...]} (eval/splits.py: by prompt hash)."""
-        from stagewise.data.rl_rows import prompt_key
-        from stagewise.eval.splits import split_rows
-
         return split_rows(self.heldout, lambda task: prompt_key(task.row), seed)
 
 
@@ -155,8 +181,6 @@ def stage_rows(ctx: StageContext, data, world_entities: int, only_domains: list[
              for r in load_rows(p, s.name, s.domain, s.environment, s.on_bad_line)
              if only_domains is None or r.domain in only_domains]
     if not train:
-        from stagewise.data.errors import BadInput
-
         raise BadInput(f"{name}: no training rows in domain(s) {', '.join(only_domains or [])}")
     heldout = data.heldout or ("@world/rl_eval.jsonl" if world_dir else None)
     heldout_path = resolve_path(heldout, ctx.base_dir, world_dir) if heldout else None
@@ -166,19 +190,8 @@ def stage_rows(ctx: StageContext, data, world_entities: int, only_domains: list[
 
 def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, heldout_rows: dict[str, list],
            out_dir: Path, run_id: str, log) -> StageResult:
-    from transformers import AutoTokenizer
-
-    from stagewise.data.chat import install_chat_template
-    from stagewise.eval.heldout import end_ids, round_robin
-    from stagewise.model.build import load_model
-    from stagewise.model.rollout import make_generator
-
-    cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
-    refused = backend_problem(cfg.backend, str(device))
-    if refused:
-        from stagewise.data.errors import BadInput
-
-        raise BadInput(refused)
+    cfg, device = block.stage, ctx.runtime.device
+    refuse_backend(cfg.backend, str(device), "stages.rl")
     tokenizer = install_chat_template(AutoTokenizer.from_pretrained(start_from))  # ours only where it carries none
     trained = {r.domain for r in train_rows}  # held-out rows of the domains this stage trains
     untrained = sorted({str(r.domain) for rows in heldout_rows.values() for r in rows if r.domain not in trained})
@@ -190,19 +203,13 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
     wiring = RLWiring(tokenizer, train_rows + [r for rows in heldout_rows.values() for r in rows], cfg.rewards,
                       cfg.reasoning, block.reasoning_switch)
     if cfg.engine == "nemo_rl":  # what only the rows tell, before anything trains: verifiers, longest prompt
-        from stagewise.engines.nemo_rl.stage import gym_environments, refuse_unsupported
-        from stagewise.engines.nemo_rl.translate import unsupported
 
         refuse_unsupported("stages.rl", unsupported(cfg, environments=gym_environments(train_rows),
                                                     gym_agents=cfg.nemo_gym.agents if cfg.nemo_gym else None,
                                                     max_prompt_tokens=_longest_prompt(wiring, train_rows)))
     policy = load_model(start_from, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    precision = cfg.rollout.sampler_precision  # hf backends: the sampling copy's (on_policy.py refuses bf16 on vllm)
-    options = {"hf": {"device": device, "precision": precision},
-               "hf-process": {"threads": cfg.worker_threads, "precision": precision},
-               "vllm": {"url": cfg.vllm_url}}[cfg.backend]
-    generator = make_generator(cfg.backend, policy, end_ids(tokenizer), pad_id, **options)
+    generator = stage_generator(cfg, policy, end_ids(tokenizer), pad_id, device)
     try:
         return _with_generator(ctx, block, start_from, train_rows, wiring, heldout_rows, policy, generator, pad_id,
                                out_dir, run_id, log)
@@ -212,8 +219,6 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
 
 def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_rows, wiring, heldout_rows, policy,
                     generator, pad_id: int, out_dir: Path, run_id: str, log) -> StageResult:
-    from stagewise.data.rl_curriculum import difficulty_filter
-
     cfg, tracker = block.stage, ctx.tracker
     ro = cfg.rollout
 
@@ -254,7 +259,6 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
         ratios = {d: w for d, w in ratios.items() if d in block.only_domains} or {d: 1.0 for d in sorted(by_domain)}
     if cfg.engine == "nemo_rl":
         ckpt = _on_nemo_rl(ctx, block, start_from, train_rows, wiring, by_domain, ratios, out_dir, run_id)
-        from stagewise.model.checkpoint import load_weights_into
 
         load_weights_into(policy, ckpt.path)  # the adopted export, into the policy the evaluation samples with
         trained_tokens = ckpt.tokens_seen
@@ -279,11 +283,6 @@ def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, polic
               by_domain: dict[str, list[tuple[str, float]]], ratios: dict[str, float], out_dir: Path, run_id: str,
               log) -> tuple[CheckpointRef, int]:
     """GRPO on our engine (model/trainer.py + model/rl_batches.py): the checkpoint and the rollout tokens trained."""
-    from stagewise.data.rl_sampler import CurriculumSampler
-    from stagewise.model.objectives.grpo import GRPOObjective
-    from stagewise.model.train_spec import make_trainer
-    from stagewise.model.rl_batches import RolloutBatches, pass_rates, seed_for
-
     cfg, tracker, device = block.stage, ctx.tracker, ctx.runtime.device
     ro = cfg.rollout
     sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps // ro.minibatches, cfg.curriculum,
@@ -302,8 +301,6 @@ def _on_torch(ctx: StageContext, block: RLInputs, start_from: str, wiring, polic
 
     reference = None
     if cfg.loss.kl_coeff > 0:  # the KL anchor: the stage's starting weights, frozen
-        from stagewise.model.build import load_model
-        from stagewise.model.objectives.grpo import token_logprobs
 
         anchor = load_model(start_from, device=device).eval().requires_grad_(False)
         reference = lambda ids: token_logprobs(anchor, ids.to(device), ro.temperature)[0].cpu()  # noqa: E731
@@ -324,9 +321,6 @@ def _on_nemo_rl(ctx: StageContext, block: RLInputs, start_from: str, train_rows,
                 run_id: str) -> CheckpointRef:
     """GRPO on NeMo RL (engines/nemo_rl/stage.py): the kept prompts in our sampler's order, one
     driver launch, NeMo RL's converter, the export adopted as `step-<steps>`."""
-    from stagewise.engines.launch.stage import run_engine
-    from stagewise.engines.nemo_rl.stage import mlflow_target, rl_plan, row_agents
-
     cfg = block.stage
     kept = {i for ids in by_domain.values() for i, _ in ids}
     rows = [r for r in train_rows if r.id in kept]
@@ -342,12 +336,21 @@ def _longest_prompt(wiring, rows) -> int:
     return max(len(wiring.prompts[r.id].ids) for r in rows)
 
 
-def backend_problem(backend: str, device: str) -> str | None:
-    """Why a rollout backend cannot run on this runtime's device (None: it can)."""
+def refuse_backend(backend: str, device: str, at: str) -> None:
+    """BadInput naming `<at>.backend` when the rollout backend cannot run on this runtime's device."""
     if backend == "vllm" and not device.startswith("cuda"):
-        return (f"stages.rl.backend: vllm syncs weights over NCCL from a CUDA device; the runtime is {device} "
-                "(use backend: hf or hf-process on a CPU)")
-    return None
+        raise BadInput(f"{at}.backend: vllm syncs weights over NCCL from a CUDA device; the runtime is {device} "
+                       "(use backend: hf or hf-process on a CPU)")
+
+
+def stage_generator(cfg, policy, end: list[int], pad_id: int, device):
+    """The sampler an on-policy stage (RL, distillation) asks for: its `backend` with that backend's options
+    (the hf backends sample with `rollout.sampler_precision`'s copy; on_policy.py refuses bf16 on vllm)."""
+    precision = cfg.rollout.sampler_precision
+    options = {"hf": {"device": device, "precision": precision},
+               "hf-process": {"threads": cfg.worker_threads, "precision": precision},
+               "vllm": {"url": cfg.vllm_url}}[cfg.backend]
+    return make_generator(cfg.backend, policy, end, pad_id, **options)
 
 
 def _say_heldout(log, name: str, when: str, metrics: dict[str, float]) -> None:
@@ -360,11 +363,9 @@ def _report(tracker, run_id: str, before: dict[str, float], after: dict[str, flo
     """The before/after table (JSON) and picture (PNG) of the held-out evaluation."""
     if not before:
         return
-    from stagewise.eval.plots import before_after_plot
 
     table = {k: {"sft": before[k], "rl": after.get(k)} for k in before}
     tracker.log_json(run_id, table, "reports/rl_before_after.json")
-    from stagewise.eval.plots import rl_training_plot
 
     names = ["rl/groups", "rl/kept_groups", "rl/is_masked_fraction", "rl/clip_fraction",
              *(f"rl/reward/{c}" for c in ("accuracy", "format", "length", "total"))]
@@ -377,3 +378,19 @@ def _report(tracker, run_id: str, before: dict[str, float], after: dict[str, flo
 STAGE_ENTRY = Stage(name=STAGE, flow=rl_flow, select=select, start="handed_on",
                     signals=(Signal("reward (mean over rollouts)", ("rl/reward/total", "rl/reward/accuracy")),
                              Signal("tokens masked by importance sampling", ("rl/is_masked_fraction",))))
+
+
+RL_OBJECTIVE_METRICS = ("pg_loss", "clip_fraction", "is_masked_fraction", "kl", "entropy", "ratio_mean")
+"""The objective's values that are RL's own: logged as `rl/<name>`, next to what the batch source measured
+(`rl/reward/<component>`, kept groups, response length, rollout tokens/s)."""
+
+
+def rl_metric_log(tracker: Tracker, run_id: str, prefix: str = "rl"):
+    """The engine's log callback: RL's own objective values renamed from train/<x> to <prefix>/<x>."""
+    def log(records: list[tuple[int, int, dict[str, float]]]) -> None:
+        renamed = []
+        for step, tokens, metrics in records:
+            renamed.append((step, tokens, {(f"{prefix}/{k[6:]}" if k.startswith("train/") and k[6:] in RL_OBJECTIVE_METRICS
+                                            else k): v for k, v in metrics.items()}))
+        tracker.log_metrics(run_id, renamed)
+    return log

@@ -41,34 +41,50 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel
 from prefect import flow, get_run_logger
+from pydantic import BaseModel
+from transformers import AutoTokenizer
 
-from stagewise.data.reasoning_switch import SwitchSetting
+from stagewise.data.config import WORLD_FACTS
+from stagewise.data.digest import file_sha256 as file_hash
+from stagewise.data.reasoning_switch import SwitchSetting, refuse_without_switch, resolve_switch
+from stagewise.data.sft_assembly import pack_seed
 from stagewise.data.sources import resolve_path
+from stagewise.engines.launch.stage import run_engine, with_engine
+from stagewise.engines.megatron.chat_rows import write_chat_rows
+from stagewise.engines.megatron.stage import sft_plan
+from stagewise.engines.megatron.translate import MLflowTarget, megatron_precision
+from stagewise.eval.plots import before_after_plot
 from stagewise.eval.score_memo import ScoreMemo
 from stagewise.eval.splits import SPLITS
-from stagewise.engines.launch.stage import with_engine
-from stagewise.recipe import Recipe, SFTStage, SFTSubStage
-from stagewise.flows.stage import (Signal, Stage, StageContext, Upstream, checkpoint_hash, finish, resume_point,
-                         reused_result, stage_run, start_checkpoint)
+from stagewise.flows.stage import (
+    Signal,
+    Stage,
+    StageContext,
+    Upstream,
+    checkpoint_hash,
+    finish,
+    resume_point,
+    reused_result,
+    stage_run,
+    start_checkpoint,
+)
 from stagewise.flows.stage_loop import GateFailed, run_stretches
 from stagewise.model.config import ModelConfig, MTPConfig, TrainConfig
-from stagewise.engines.megatron.translate import megatron_precision
+from stagewise.model.train_spec import PackedData, TrainSpec
+from stagewise.recipe import Recipe, SFTStage, SFTSubStage
+from stagewise.refs import CheckpointRef, PackedRef, StageResult, StageSummary
+from stagewise.store.steps import claim_step, finished, mark_finished, reuse, step_dir, value_of
+from stagewise.store.tracking import Tracker
 from stagewise.tasks.data_profile import sft_profile_task
 from stagewise.tasks.evaluate import gate_task, heldout_task, loss_report_task, suite_task
-from stagewise.refs import CheckpointRef, StageResult, StageSummary
-from stagewise.tasks.sft_data import PackedRef, blend_pack_task, curate_task, sft_start_task, sft_world_task
-from stagewise.store.steps import claim_step, file_hash, finished, mark_finished, reuse, step_dir, value_of
-from stagewise.store.tracking import Tracker
-from stagewise.model.train_spec import PackedData, TrainSpec
+from stagewise.tasks.sft_data import blend_pack_task, curate_task, sft_start_task, sft_world_task
 
 STAGE = "sft"
 SUBSTAGE_TAG = "stagewise.substage"
 SUBSTAGES_TAG = "stagewise.substages"
 TARGET = "eval/sft_test/exact_match"
 DEV_TARGET = "eval/sft_dev/exact_match"
-WORLD_ENTITIES = 3000
 """The `format` questions' entity count when neither the SFT nor the pretraining world says."""
 
 
@@ -81,7 +97,7 @@ class SFTInputs(BaseModel):
     model_from: str | None = None
     mtp: MTPConfig = MTPConfig()
     suites: dict[str, list[str]] = {}
-    world_entities: int = WORLD_ENTITIES
+    world_entities: int = WORLD_FACTS
     reasoning_switch: SwitchSetting = "auto"
     """The recipe's tokenizer.reasoning_switch: how the start checkpoint's template turns reasoning off."""
 
@@ -91,7 +107,7 @@ def select(recipe: Recipe) -> SFTInputs | None:
         return None
     world = recipe.data.world
     return SFTInputs(stage=recipe.stages.sft, model_from=recipe.model.from_, mtp=recipe.model.mtp,
-                     suites=recipe.eval, world_entities=world.facts if world else WORLD_ENTITIES,
+                     suites=recipe.eval, world_entities=world.facts if world else WORLD_FACTS,
                      reasoning_switch=recipe.tokenizer.reasoning_switch)
 
 
@@ -215,12 +231,6 @@ def _substage_on_megatron(ctx: StageContext, sub: SFTSubStage, train_cfg: TrainC
                           out_dir: Path) -> CheckpointRef:
     """One sub-stage trained by Megatron-Bridge: the conversations our packer kept, as chat rows
     (engines/megatron/chat_rows.py), then import -> train -> export (engines/megatron/stage.py), adopted."""
-    from stagewise.engines.megatron.chat_rows import write_chat_rows
-    from stagewise.engines.launch.stage import run_engine
-    from stagewise.engines.megatron.stage import sft_plan
-    from stagewise.engines.megatron.translate import MLflowTarget
-    from stagewise.data.sft_assembly import pack_seed
-
     stage = block.stage
     rows = out_dir / "megatron-data"
     report = write_chat_rows(packed.sample, tokenizer_dir, sub.seq_length, sub.blend.reasoning_off_fraction,
@@ -323,9 +333,7 @@ def _refuse_without_switch(start: str, block: SFTInputs) -> None:
                  for i, sub in enumerate(block.stage.stages)}
     if not any(fractions.values()):
         return
-    from transformers import AutoTokenizer
 
-    from stagewise.data.reasoning_switch import refuse_without_switch, resolve_switch
 
     refuse_without_switch(resolve_switch(AutoTokenizer.from_pretrained(start), block.reasoning_switch), fractions,
                           f"the SFT start checkpoint {start}")
@@ -336,8 +344,6 @@ def _report(tracker: Tracker, run_id: str, base: dict, final: dict, names: list[
     table = {k: {"base": base[k], "sft": final.get(k), "delta": final[k] - base[k] if k in final else None} for k in base}
     tracker.log_json(run_id, {"substages": names, "metrics": table}, "reports/sft_before_after.json")
     if table:
-        from stagewise.eval.plots import before_after_plot
-
         tracker.log_figure(run_id, before_after_plot(base, final, "SFT: base vs fine-tuned"), "reports/sft_before_after.png")
 
 

@@ -26,12 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict
 
+from stagewise.model.checkpoint import latest_checkpoint, read_meta
 from stagewise.model.runtime import Runtime
+from stagewise.recipe.schema import stage_blocks
 from stagewise.refs import CheckpointRef, StageResult
-from stagewise.store.policy import run_logger
 from stagewise.store.leases import releasing_new
+from stagewise.store.policy import run_logger
 from stagewise.store.steps import claim_step, finished, mark_finished, reuse
 from stagewise.store.tracking import STAGE_TAG, Tracker
 
@@ -129,8 +132,6 @@ class Stage:
     def recipe_block(self) -> type:
         """The class of its recipe block (its StagesConfig field's type), which declares how the stage trains:
         its stretches and how an ablation scales its budget (recipe/blocks/contract.py)."""
-        from stagewise.recipe.schema import stage_blocks
-
         return stage_blocks()[self.name]
 
 
@@ -180,8 +181,6 @@ def lineage(ctx: StageContext, result: StageResult) -> dict[str, str]:
     """Registry tags that let a person walk from a checkpoint version back to how it was made: the
     pipeline's MLflow run, the Prefect flow run (and its page when a Prefect UI serves it), the
     recipe hash, the stage's step directory and the prepared data it read."""
-    from prefect.runtime import flow_run
-
     return {"stagewise.pipeline_run": ctx.parent_run_id or "", "stagewise.recipe_hash": ctx.recipe_hash,
             "stagewise.prefect_flow_run": str(flow_run.get_root_flow_run_id() or "") if flow_run.get_id() else "",
             "stagewise.prefect_flow_run_url": (flow_run.ui_url or "") if flow_run.get_id() else "",
@@ -210,8 +209,6 @@ def resume_point(out_dir: Path, resume: bool) -> CheckpointRef | None:
 
     A step with checkpoints but no finish marker was interrupted; continuing it silently could
     mix two recipes' weights, so it needs --resume (exit 1 naming the directory otherwise)."""
-    from stagewise.model.checkpoint import latest_checkpoint, read_meta
-
     latest = latest_checkpoint(out_dir)
     if latest is None:
         return None
@@ -225,8 +222,6 @@ def resume_point(out_dir: Path, resume: bool) -> CheckpointRef | None:
 
 def checkpoint_hash(path: str | Path) -> str:
     """What identifies a checkpoint as a step input: its weights' sha256 (the path when it has none)."""
-    from stagewise.model.checkpoint import read_meta
-
     try:
         return read_meta(path).weight_sha256 or str(path)
     except FileNotFoundError:  # a plain Hugging Face checkpoint (model.from) has no stagewise.json

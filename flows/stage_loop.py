@@ -17,10 +17,11 @@ from typing import Callable
 
 from prefect import get_run_logger
 
-from stagewise.tasks.evaluate import gate_task
+from stagewise.model.checkpoint import list_checkpoints, read_meta
+from stagewise.model.train_spec import TrainSpec
 from stagewise.refs import CheckpointRef
 from stagewise.store.tracking import Tracker
-from stagewise.model.train_spec import TrainSpec
+from stagewise.tasks.evaluate import gate_task
 from stagewise.tasks.train import train_task
 
 
@@ -43,8 +44,6 @@ def marks(phase_ends: list[tuple[str, int]], every: int | None, total: int) -> l
 
 def checkpoint_at(out_dir: Path, step: int) -> CheckpointRef | None:
     """The saved checkpoint of `step` in a stage directory (gates name a step)."""
-    from stagewise.model.checkpoint import list_checkpoints, read_meta
-
     for path in list_checkpoints(out_dir):
         meta = read_meta(path)
         if meta.step == step:

@@ -38,6 +38,7 @@ from typing import Any, Iterator
 
 import torch
 from safetensors.torch import load_file
+from transformers.utils import logging as hf_logging
 
 META_FILE = "stagewise.json"
 STATE_DIR = "trainer_state"
@@ -148,8 +149,6 @@ def _remove_stale_temps(parent: Path, name: str) -> None:
 @contextlib.contextmanager
 def _quiet_hf():
     """No transformers progress bars ("Writing model shards") inside a training loop."""
-    from transformers.utils import logging as hf_logging
-
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:

@@ -17,7 +17,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+from transformers import NemotronHConfig
+
 from stagewise.data.errors import BadInput, read_utf8
+from stagewise.model.config import MTPConfig
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -48,8 +52,6 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 @lru_cache(maxsize=1)
 def _config_defaults() -> dict[str, Any]:
-    from transformers import NemotronHConfig
-
     return NemotronHConfig().to_dict()
 
 
@@ -90,7 +92,6 @@ def check_config(root: Path, nemotron: bool = True) -> dict[str, Any]:
                 if key in defaults and (why := _type_problem(key, value, defaults[key]))]
     if problems:
         raise BadInput(problems[:5], f"{root} has a broken {CONFIG}:")
-    from transformers import NemotronHConfig
 
     try:
         NemotronHConfig.from_pretrained(str(root))  # how the model loaders read it
@@ -173,7 +174,6 @@ def check_tokenizer(root: Path) -> None:
     path = root / TOKENIZER_FILES[0]
     if not path.is_file():
         raise BadInput(f"{root}: no tokenizer ({TOKENIZER_FILES[0]} is missing)")
-    from tokenizers import Tokenizer
 
     try:
         text = read_utf8(path)
@@ -213,8 +213,6 @@ def check_meta(path: Path) -> dict[str, Any]:
             problems.append(f"{path}: {key} must be a mapping; got {meta[key]!r}")
     mtp = meta.get("mtp") or (meta.get("extra") or {}).get("mtp") if isinstance(meta.get("extra") or {}, dict) else None
     if mtp:
-        from stagewise.model.config import MTPConfig
-
         try:
             MTPConfig.model_validate(mtp)
         except Exception as e:  # pydantic's ValidationError, or a non-mapping

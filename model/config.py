@@ -14,7 +14,6 @@ from pydantic import Field, model_validator
 from stagewise.config_base import StrictConfig
 
 
-
 class MTPConfig(StrictConfig):
     """Multi-token prediction heads (DeepSeek-V3 / Nemotron 3 style), trained next to the LM."""
 

@@ -26,8 +26,15 @@ import torch
 
 from stagewise.model.objectives.distill import distill_advantages, reverse_kl, scored
 from stagewise.model.objectives.grpo import RolloutBatch
-from stagewise.model.rl_batches import (Prompt, RolloutBatches, Sampler, SamplingSettings, Score, sample_metrics,
-                              seed_for)
+from stagewise.model.rl_batches import (
+    Prompt,
+    RolloutBatches,
+    Sampler,
+    SamplingSettings,
+    Score,
+    sample_metrics,
+    seed_for,
+)
 from stagewise.model.rollout import Generator, Rollout
 
 TeacherScores = Callable[..., list[torch.Tensor]]

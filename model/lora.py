@@ -16,9 +16,12 @@ reach; they stay frozen.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
+
+from stagewise.model.trainer import Trainer
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "up_proj", "down_proj")
 
@@ -31,7 +34,7 @@ def apply_lora(model: torch.nn.Module, r: int = 16, alpha: float = 32.0,
     `target_modules` are module-name suffixes (peft's matching). LoRA B starts at zero, so
     the wrapped model computes exactly what the base model did. With `seed`, the random
     A matrices are drawn from it (same seed, same adapters) without touching the global RNG."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # noqa: PLC0415 (peft: 3.5 s to import, only for LoRA stages)
 
     if r <= 0:
         raise ValueError(f"LoRA rank must be > 0, got {r}")
@@ -77,8 +80,6 @@ def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A plain model with the adapters folded in; `model` keeps training untouched.
 
     Costs one extra copy of the weights while a checkpoint is written."""
-    import copy
-
     return merge_lora(copy.deepcopy(model))
 
 
@@ -89,8 +90,6 @@ def lora_trainer_class():
     starting checkpoint, which the wrapped model was built from). It changes only the
     engine's hooks: what a checkpoint's weights are, what extra state it keeps, how resume
     puts the weights back; `Trainer.save` itself is not copied."""
-    from stagewise.model.trainer import Trainer
-
     class LoRATrainer(Trainer):
         def weights_for_checkpoint(self):
             return merged_copy(self.model)

@@ -50,7 +50,7 @@ def speed_flags(params: list[torch.Tensor]) -> dict[str, bool]:
     accepted = inspect.signature(torch.optim.AdamW).parameters
     devices = {p.device.type for p in params}
     try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices  # noqa: PLC0415 (private torch API: its absence is handled below)
 
         fused_ok = devices <= set(_get_fused_kernels_supported_devices())
     except ImportError:  # older torch: fused on CUDA only

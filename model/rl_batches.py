@@ -70,11 +70,10 @@ from typing import Any, Callable, Literal, Protocol
 
 import torch
 from pydantic import Field, model_validator
-
-from stagewise.config_base import StrictConfig
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from stagewise.config_base import StrictConfig
 from stagewise.model.objectives.grpo import RolloutBatch, leave_one_out, token_logprobs
 from stagewise.model.rollout import Generator, Rollout
 

@@ -19,8 +19,10 @@ in them through the stage's resolved train config.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict
 
 from stagewise.config_base import StrictConfig
@@ -66,8 +68,6 @@ class RuntimeUnavailable(ValueError):
 
 def resolve_runtime(cfg: RuntimeConfig) -> Runtime:
     """The concrete device and precision for `cfg` on this machine."""
-    import torch
-
     has_cuda = torch.cuda.is_available()
     if cfg.device == "cuda" and not has_cuda:
         raise RuntimeUnavailable("runtime.device", "cuda was asked for but torch sees no CUDA device on this "
@@ -84,7 +84,6 @@ def mamba_kernels(device: str) -> str:
     """The Mamba-2 kernels a run on `device` uses, from the installed distributions (nothing imported)."""
     if device != "cuda":
         return "none (cpu)"
-    from importlib.metadata import PackageNotFoundError, version
 
     found, missing = [], []
     for dist in ("mamba-ssm", "causal-conv1d"):

@@ -35,6 +35,9 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from stagewise.model.build import load_model
+from stagewise.model.objectives.grpo import token_logprobs
+
 
 class Teacher(Protocol):
     """What the distillation stage needs from a teacher."""
@@ -70,8 +73,6 @@ class HFTeacher:
     response tokens only (token_logprobs' mask): the prompt is most of a distillation row."""
 
     def __init__(self, path: str, name: str, device: str = "cpu", chunk: int = 64, pad_id: int = 0):
-        from stagewise.model.build import load_model
-
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         self.name, self.path, self.device, self.chunk, self.pad_id = name, str(path), torch.device(device), chunk, pad_id
@@ -79,8 +80,6 @@ class HFTeacher:
 
     def sequence_logprobs(self, sequences: list[list[int]], temperature: float,
                           score_from: list[int] | None = None) -> list[torch.Tensor]:
-        from stagewise.model.objectives.grpo import token_logprobs
-
         if self.model is None:
             raise RuntimeError(f"teacher {self.name!r} is closed")
         _check_sequences(sequences)

@@ -25,10 +25,10 @@ from stagewise.data.sft_data import PackedBatches, load_packed
 from stagewise.data.shards import TokenShard
 from stagewise.model.build import build_model
 from stagewise.model.config import LoRAConfig, ModelConfig, TrainConfig
-from stagewise.model.trainer import Trainer
 from stagewise.model.lora import apply_lora, lora_trainer_class
 from stagewise.model.objectives.lm import LMObjective
 from stagewise.model.objectives.sft import SFTObjective
+from stagewise.model.trainer import Trainer
 from stagewise.refs import PreparedRef
 
 

@@ -34,8 +34,10 @@ from typing import Any, Callable
 import torch
 
 from stagewise.model import checkpoint as ck
+from stagewise.model.activations import ActivationMonitor
 from stagewise.model.config import TrainConfig
 from stagewise.model.mfu import flops_per_token, peak_flops
+from stagewise.model.moe import RoutingMonitor
 from stagewise.model.objectives import LossContext
 from stagewise.model.optim import build_optimizer
 from stagewise.model.progress import TrainProgress
@@ -85,9 +87,6 @@ def _is_exhausted(err: BaseException) -> bool:
 
 def _monitors(model: torch.nn.Module, cfg: TrainConfig) -> tuple[Any, Any]:
     """RoutingMonitor (None without MoE layers) and ActivationMonitor."""
-    from stagewise.model.activations import ActivationMonitor
-    from stagewise.model.moe import RoutingMonitor
-
     routing = RoutingMonitor(model, window=cfg.monitor.dead_expert_window)
     if not routing.routers:
         routing.remove()

@@ -57,5 +57,11 @@ if TYPE_CHECKING:  # what editors and type checkers read
     from stagewise.recipe.errors import RecipeError
     from stagewise.recipe.loader import LoadedRecipe, load_recipe
     from stagewise.recipe.params import MLFLOW_PARAM_MAX, flatten_recipe, recipe_dict, recipe_hash
-    from stagewise.recipe.schema import (STAGE_ORDER, Recipe, StagesConfig, TrackingConfig, available_stages,
-                                         select_stages)
+    from stagewise.recipe.schema import (
+        STAGE_ORDER,
+        Recipe,
+        StagesConfig,
+        TrackingConfig,
+        available_stages,
+        select_stages,
+    )

@@ -14,16 +14,22 @@ the parts that validate alone, so one bad field hides no other problem.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
 from stagewise.data.config import WORLD_PREFIX, PhaseConfig, TokenizerConfig
+from stagewise.data.reasoning_switch import SWITCH_FIELD, NoSwitch
 from stagewise.data.sft_config import SFTDataConfig
-from stagewise.recipe.errors import did_you_mean
+from stagewise.eval.environments import ENVIRONMENTS
+from stagewise.eval.harness import suite_problems
+from stagewise.eval.splits import is_test_metric
 from stagewise.model.config import ModelConfig, TrainConfig
+from stagewise.model.presets import preset_names
+from stagewise.recipe.blocks.distill import teacher_rl_block
+from stagewise.recipe.errors import did_you_mean
+from stagewise.recipe.schema import STAGE_ORDER
 
 if TYPE_CHECKING:  # types for annotations only
     from stagewise.recipe.schema import Recipe
@@ -60,8 +66,6 @@ def _gates(r: Recipe) -> list[tuple[str, Any]]:
 def _gate_split_problems(r: Recipe) -> list[tuple[str, str, str]]:
     """A gate decides, so it reads the dev split of held-out sets: a test metric is for the closing
     table and the README only (eval/splits.py), and a gate on it would tune on the test set."""
-    from stagewise.eval.splits import is_test_metric
-
     out = []
     for at, gate in _gates(r):
         for name in gate.metrics():
@@ -122,8 +126,6 @@ def _suite_problems(r: Recipe, at: str, stage: Any) -> list[tuple[str, str, str]
 def _eval_problems(r: Recipe) -> list[tuple[str, str, str]]:
     """Every suite entry names a local task, or a standard lm-eval task whose folder holds the split
     files and columns it reads (eval/harness.py suite_problems: no model, no lm-eval import)."""
-    from stagewise.eval.harness import suite_problems
-
     return [(f"eval.{suite}[{i}]", why, f"eval.{suite}[{i}]")
             for suite, entries in r.eval.items() for i, why in suite_problems(entries)]
 
@@ -172,8 +174,6 @@ def _sft_problems(r: Recipe) -> list[tuple[str, str, str]]:
 def _switch_problems(r: Recipe) -> list[tuple[str, str, str]]:
     """A reasoning-off fraction needs a reasoning switch: refused here when the recipe says the model has
     none (`auto` is decided from the start checkpoint's template, once its tokenizer is loaded: flows/sft.py)."""
-    from stagewise.data.reasoning_switch import SWITCH_FIELD, NoSwitch
-
     if not isinstance(r.tokenizer.reasoning_switch, NoSwitch):
         return []
     out = []
@@ -227,8 +227,6 @@ RL_WORLD_FILES = ("rl_arithmetic.jsonl", "rl_format.jsonl", "rl_calculator.jsonl
 
 def _rl_problems(r: Recipe) -> list[tuple[str, str, str]]:
     """Sources (unique names, world paths, known environments) and domain ratios of `stages.rl`."""
-    from stagewise.eval.environments import ENVIRONMENTS
-
     rl, at = r.stages.rl, "stages.rl.data"
     out, seen = [], set()
     for i, src in enumerate(rl.data.sources):
@@ -255,9 +253,6 @@ def _rl_problems(r: Recipe) -> list[tuple[str, str, str]]:
 def _distill_problems(r: Recipe) -> list[tuple[str, str, str]]:
     """Prompt rows, the stages the student and the teachers come from, and each `rl` teacher's
     block (the recipe's stages.rl with its overrides) validated as an RL block."""
-    from stagewise.recipe.blocks.distill import teacher_rl_block
-    from stagewise.recipe.schema import STAGE_ORDER
-
     d, at = r.stages.distill, "stages.distill"
     out = []
     if d.data is None and r.stages.rl is None:
@@ -298,7 +293,6 @@ def _distill_problems(r: Recipe) -> list[tuple[str, str, str]]:
 
 def _preset_problems(model: ModelConfig) -> list[tuple[str, str, str]]:
     """A preset name must exist, or `from` be given (checked here so a typo fails before any work starts)."""
-    from stagewise.model.presets import preset_names  # reads JSON files only; no torch
 
     names = preset_names()
     if model.from_ is None and model.preset is None:

@@ -30,12 +30,15 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
+from importlib.resources import files
 from pathlib import Path
 
 from pydantic import Field
 
 from stagewise.config_base import StrictConfig
 from stagewise.data.errors import BadInput
+from stagewise.recipe.errors import join_path, parse_path
+from stagewise.recipe.shipped import resolve_recipe
 
 POLICY_ENV = "STAGEWISE_FORM_POLICY"
 """The environment variable a served flow run reads its policy from (FormPolicy as JSON)."""
@@ -64,8 +67,6 @@ def _pattern(text: str) -> re.Pattern:
 
 def canonical_key(key: str) -> str:
     """An override's key as the loader walks it (`a.b[1].c`), so spacing cannot dodge a pattern."""
-    from stagewise.recipe.errors import join_path, parse_path
-
     at = ""
     for token in parse_path(key.strip()):
         at = join_path(at, token)
@@ -104,8 +105,6 @@ class FormPolicy(StrictConfig):
 
     def admit_file(self, value: str | os.PathLike, parameter: str) -> Path:
         """The file `value` names (a path, or a shipped recipe's name), refused unless under a recipe root."""
-        from stagewise.recipe.shipped import resolve_recipe
-
         path = resolve_recipe(value).resolve() if parameter == "recipe" else Path(value).expanduser().resolve()
         roots = [Path(r).resolve() for r in self.recipe_roots]
         if not any(path.is_relative_to(r) for r in roots):
@@ -128,8 +127,6 @@ class FormPolicy(StrictConfig):
 
 def shipped_root() -> Path:
     """The shipped recipes' directory (inside the installed package)."""
-    from importlib.resources import files
-
     return Path(str(files("stagewise") / "recipes")).resolve()
 
 

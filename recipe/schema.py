@@ -12,17 +12,16 @@ Reading YAML into these models is recipe/loader.py's job.
 from __future__ import annotations
 
 import typing
-from typing import Literal
 
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
 from stagewise.data.config import DataConfig, TokenizerConfig
+from stagewise.engines.launch_text import PlainPath, RecipeName
 from stagewise.eval.task_spec import SuiteEntry
 from stagewise.model.config import ModelConfig
 from stagewise.model.runtime import RuntimeConfig
 from stagewise.recipe.blocks.distill import DistillStage
-from stagewise.engines.launch_text import PlainPath, RecipeName
 from stagewise.recipe.blocks.long_context import LongContextStage
 from stagewise.recipe.blocks.merge import MergeStage
 from stagewise.recipe.blocks.pretrain import PretrainStage
@@ -30,7 +29,6 @@ from stagewise.recipe.blocks.quantize import QuantizeStage
 from stagewise.recipe.blocks.rl import RLStage
 from stagewise.recipe.blocks.sft import SFTStage
 from stagewise.recipe.errors import RecipeError, did_you_mean
-
 
 
 class TrackingConfig(StrictConfig):

@@ -21,6 +21,29 @@ class CheckpointRef(BaseModel):
     sha256: str = ""
 
 
+class CuratedRef(BaseModel):
+    """Curated sources: the kept conversations of each, their domains, and a digest of it all."""
+
+    root: str
+    digest: str
+    files: dict[str, str]
+    """Source name -> JSONL of the conversations it kept."""
+    domains: dict[str, str]
+    """Source name -> the domain the blends weigh it under."""
+
+
+class PackedRef(BaseModel):
+    """One sub-stage's training data: the packed rows, the sample behind them, and their report."""
+
+    root: str
+    rows: str
+    sample: str
+    """JSONL of the sampled conversations, each {"domain", "conversation"} (the next sub-stage's keep_previous)."""
+    digest: str
+    report: dict
+    mixture: dict[str, float]
+
+
 class StageSummary(BaseModel):
     """A stage's row in the closing table: what it set out to move, and by how much."""
 

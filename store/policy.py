@@ -13,9 +13,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from prefect import get_run_logger
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 
 from stagewise.store.retry import retry_if_transient
 
@@ -36,11 +39,6 @@ def once(name: str) -> dict[str, Any]:
 def run_logger():
     """The Prefect run logger inside a flow or task, a plain `stagewise` logger elsewhere (a task's
     `.fn` in a test or notebook), so task and stage bodies log the same way wherever they run."""
-    import logging
-
-    from prefect import get_run_logger
-    from prefect.exceptions import MissingContextError
-
     try:
         return get_run_logger()
     except MissingContextError:

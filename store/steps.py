@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from prefect import task
-
-from stagewise.data.content_hash import step_hash
-from stagewise.data.digest import file_sha256 as file_hash  # how a file enters a step's inputs: sha256 of its bytes
 from prefect.client.schemas.objects import StateDetails
 from prefect.states import Completed, State
+
+from stagewise.data.content_hash import step_hash
 from stagewise.store.leases import claim, describe, release, ttl_s, wait_for
 from stagewise.store.policy import once, retrying, run_logger
 

@@ -7,10 +7,11 @@ from pathlib import Path
 from prefect import task
 
 from stagewise.data.config import DataConfig, TokenizerConfig
+from stagewise.data.prepare import prepare_data
 from stagewise.refs import PreparedRef
+from stagewise.store.policy import retrying, run_logger
 from stagewise.store.steps import cached
 from stagewise.store.tracking import Tracker
-from stagewise.store.policy import retrying, run_logger
 
 
 @task(**retrying("prepare-data"))
@@ -27,8 +28,6 @@ def prepare_data_task(
 
     Returns a PreparedRef, or a Cached state holding it when the digest's directory was reused
     (unwrap with store.steps.value_of)."""
-    from stagewise.data.prepare import prepare_data
-
     prepared = prepare_data(data, tokenizer, Path(workdir), seed, base_dir=Path(base_dir))
     logger = run_logger()
     logger.info("data %s at %s (%s)", prepared.digest[:12], prepared.root, "reused" if prepared.reused else "built")

@@ -23,11 +23,11 @@ from prefect import task
 
 from stagewise.data.atomic import building
 from stagewise.data.profile import PROFILE_VERSION, DataProfile, pack_limits, profile_metrics
+from stagewise.data.sft_assembly import tokenizer_digest
 from stagewise.data.sft_config import CurateConfig, SFTDataSource
 from stagewise.eval.data_profile_files import profile_sft_sources
+from stagewise.refs import CuratedRef
 from stagewise.store.policy import retrying, run_logger
-from stagewise.data.sft_assembly import tokenizer_digest
-from stagewise.tasks.sft_data import CuratedRef
 from stagewise.store.steps import cached, step_dir
 from stagewise.store.tracking import Tracker
 
@@ -35,7 +35,7 @@ PROFILE_JSON, PROFILE_PNG = "profile.json", "profile.png"
 ARTIFACT_DIR = "data_profile"
 
 
-def log_profile(report: DataProfile, root: Path, tracker: Tracker | None, run_id: str | None) -> None:
+def _log_profile(report: DataProfile, root: Path, tracker: Tracker | None, run_id: str | None) -> None:
     """Warnings as log lines; metrics and the two files in the run (under data_profile/)."""
     logger = run_logger()
     logger.info("data profile: %d SFT sources, %d warning(s)", len(report.sft_sources), len(report.warnings))
@@ -64,7 +64,7 @@ def sft_profile_task(curated: CuratedRef, sources: list[SFTDataSource], substage
             seconds = profile_sft_sources(Path(curated.root), sources, substages, cfg, tokenizer_dir, tmp)
         run_logger().info("data profile of %d SFT sources took %.2f s", len(sources), seconds)
     report = DataProfile.model_validate_json((root / PROFILE_JSON).read_text(encoding="utf-8"))
-    log_profile(report, root, tracker, run_id)
+    _log_profile(report, root, tracker, run_id)
     if reused:
         return cached(str(root), root.name.removeprefix("profile-"), f"SFT data profile: reused {root}")
     return str(root)

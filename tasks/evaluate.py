@@ -5,13 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
+from transformers import AutoTokenizer
 
+from stagewise.data.chat import prompt_key
+from stagewise.data.prepare import PreparedData
 from stagewise.data.reasoning_switch import SwitchSetting
-from stagewise.eval.validation import val_streams
+from stagewise.data.stats import unigram_cross_entropy
+from stagewise.eval.gates import check_metrics, decide
+from stagewise.eval.harness import run_checkpoint
+from stagewise.eval.heldout import heldout_answers, heldout_loss, read_conversations
 from stagewise.eval.metric_names import SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX, heldout_prefix
+from stagewise.eval.plots import loss_curves
+from stagewise.eval.splits import split_rows
+from stagewise.eval.validation import val_streams, validation_loss
+from stagewise.model.build import load_model
 from stagewise.refs import CheckpointRef, PreparedRef
-from stagewise.store.tracking import Tracker
 from stagewise.store.policy import retrying, run_logger
+from stagewise.store.tracking import Tracker
 
 
 @task(**retrying("validation-loss"))
@@ -29,11 +39,6 @@ def validation_task(
 
     Logged as `<prefix>/<name>`; the merge stage scores trained and merged checkpoints with
     prefixes `merge/trained` and `merge/<window>` so they sit side by side in MLflow."""
-    from stagewise.data.prepare import PreparedData
-    from stagewise.data.stats import unigram_cross_entropy
-    from stagewise.eval.validation import validation_loss
-    from stagewise.model.build import load_model
-
     model = load_model(Path(checkpoint.path), device=device)
     metrics = validation_loss(model, val_streams(Path(prepared.root)), seq_length, max_tokens, device=device)
     metrics[UNIGRAM_BASELINE] = unigram_cross_entropy(PreparedData.load(Path(prepared.root)))
@@ -50,8 +55,6 @@ def validation_task(
 @task(**retrying("stage-report"))
 def loss_report_task(tracker: Tracker, run_id: str, stage: str) -> None:
     """Plot training and validation loss over tokens and log it as a PNG artifact."""
-    from stagewise.eval.plots import loss_curves
-
     client = tracker.client()
     series = {}
     for key in ("train/lm_loss", "eval/validation/loss", "tokens_seen", "train/lr"):
@@ -75,8 +78,6 @@ def suite_task(
     of every stage. Logs `<prefix>/<task>/<metric>` at the checkpoint's step and lm-eval's
     full results as `<prefix>/results_step<step>.json`; the merge stage passes `merge/trained`
     and `merge/<window>` so trained and merged checkpoints sit side by side."""
-    from stagewise.eval.harness import run_checkpoint
-
     result = run_checkpoint(Path(checkpoint.path), tasks, limit=limit, device=device)
     metrics = {f"{prefix}/{k}": v for k, v in result.metrics.items()}
     run_logger().info("%s at %d tokens: %s", prefix, checkpoint.tokens_seen,
@@ -90,8 +91,6 @@ def suite_task(
 @task(**retrying("gate"))
 def gate_task(gate, tracker: Tracker, run_id: str, tokens_seen: int, budget_exhausted: bool) -> dict:
     """Ask the gate, from the metrics as MLflow holds them; log the decision and its evidence."""
-    from stagewise.eval.gates import check_metrics, decide
-
     check_metrics(gate, tracker.metric_names(run_id))
     decision = decide(gate, tracker.metric_histories(run_id, gate.metrics()),
                       tokens_seen=tokens_seen, budget_exhausted=budget_exhausted)
@@ -119,13 +118,6 @@ def heldout_task(
     (eval/heldout.py): greedy exact match and SFT loss of a checkpoint, logged as
     `eval/sft_<split>/<metric>` at the checkpoint's step. `switch`: the recipe's
     tokenizer.reasoning_switch (the prompts are written with reasoning off)."""
-    from transformers import AutoTokenizer
-
-    from stagewise.data.chat import prompt_key
-    from stagewise.eval.heldout import heldout_answers, heldout_loss, read_conversations
-    from stagewise.eval.splits import split_rows
-    from stagewise.model.build import load_model
-
     model = load_model(Path(checkpoint.path), device=device)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.path)
     convs = split_rows(read_conversations(heldout), prompt_key, seed)[split]

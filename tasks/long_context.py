@@ -5,21 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import get_run_logger, task
+from transformers import AutoTokenizer
 
+from stagewise.data.digest import file_sha256 as file_hash
+from stagewise.data.long_context import prepare_doc_qa
 from stagewise.data.long_context_config import DocQAConfig
+from stagewise.data.shards import TokenShard
+from stagewise.eval.needle import needle_eval
+from stagewise.model.build import load_model
 from stagewise.refs import CheckpointRef
-from stagewise.store.steps import cached, file_hash, step_dir
-from stagewise.store.tracking import Tracker
 from stagewise.store.policy import retrying
+from stagewise.store.steps import cached, step_dir
+from stagewise.store.tracking import Tracker
 
 
 @task(**retrying("prepare-doc-qa"))
 def doc_qa_task(tokenizer_dir: str, cfg: DocQAConfig, seed: int, workdir: str):
     """Document-QA train/val shards under `<workdir>/data/doc_qa-<hash>`: {"train": dir, "val": dir},
     or a Cached state holding them when the step was reused (unwrap with store.steps.value_of)."""
-    from stagewise.data.long_context import prepare_doc_qa
-    from transformers import AutoTokenizer
-
     tok_files = sorted(p for p in Path(tokenizer_dir).glob("tokenizer*.json"))
     out = step_dir(Path(workdir) / "data", "doc_qa", {"config": cfg, "seed": seed}, [file_hash(p) for p in tok_files])
     shards = {"train": str(out / "train"), "val": str(out / "val")}
@@ -46,11 +49,6 @@ def needle_task(
 
     `at` overrides the (step, tokens) the metrics are logged at (the start model of a stage is
     logged at 0, whatever its own step was in the stage that made it)."""
-    from stagewise.data.shards import TokenShard
-    from stagewise.eval.needle import needle_eval
-    from stagewise.model.build import load_model
-    from transformers import AutoTokenizer
-
     model = load_model(Path(checkpoint.path), device=device)
     tok = AutoTokenizer.from_pretrained(checkpoint.path)
     streams = {name: TokenShard.open(Path(p)).tokens for name, p in val_shards.items()}

@@ -7,15 +7,15 @@ from pathlib import Path
 
 from prefect import task
 
-from stagewise.tasks.evaluate import suite_task, validation_task
+from stagewise.model.checkpoint import read_meta
+from stagewise.model.merge import merge_checkpoints, merge_coefficients, select_window
 from stagewise.refs import CheckpointRef, PreparedRef
-from stagewise.store.tracking import Tracker
 from stagewise.store.policy import retrying, run_logger
+from stagewise.store.tracking import Tracker
+from stagewise.tasks.evaluate import suite_task, validation_task
 
 
 def _ref(path: Path) -> CheckpointRef:
-    from stagewise.model.checkpoint import read_meta
-
     meta = read_meta(path)
     return CheckpointRef(path=str(path), step=meta.step, tokens_seen=meta.tokens_seen, sha256=meta.weight_sha256 or "")
 
@@ -45,8 +45,6 @@ def merge_at_checkpoint_task(
     of every stage), logged as `merge/trained/...` and `merge/<window>/...` at the step of
     `end`. Returns {"trained": loss, "merges": {window: (loss, path)}}; merged checkpoints are
     written under `out_root/<step>-w<window>` (the caller keeps only the best)."""
-    from stagewise.model.merge import merge_checkpoints, merge_coefficients, select_window
-
     logger = run_logger()
     trained = _ref(Path(end))
 

@@ -8,12 +8,20 @@ the same way.
 
 from __future__ import annotations
 
-from typing import Any
+import time
 
 from prefect import task
+from transformers import AutoTokenizer
 
 from stagewise.eval.scoring import Scoring, score_model
+from stagewise.model.build import load_model
 from stagewise.quant.config import QuantizeConfig
+from stagewise.quant.export import export_checkpoint, recounted_effective_bits
+from stagewise.quant.flops import operator_flops
+from stagewise.quant.load import load_quantized
+from stagewise.quant.operators import operators
+from stagewise.quant.plan import copy_model, quantize_with_plan, search_plan, ultra_plan
+from stagewise.quant.report import build_report
 from stagewise.store.policy import retrying, run_logger
 
 
@@ -23,18 +31,6 @@ def quantize_checkpoint(source: str, cfg: QuantizeConfig, batches: list[dict], s
     """Plan, quantize, export to `out_dir` and score the reloaded export against the BF16 start.
 
     Returns the report (quant/report.py) with `export` (the directory) and `seconds` per phase."""
-    import time
-
-    from transformers import AutoTokenizer
-
-    from stagewise.model.build import load_model
-    from stagewise.quant.export import export_checkpoint, recounted_effective_bits
-    from stagewise.quant.flops import operator_flops
-    from stagewise.quant.load import load_quantized
-    from stagewise.quant.operators import operators
-    from stagewise.quant.plan import copy_model, quantize_with_plan, search_plan, ultra_plan
-    from stagewise.quant.report import build_report
-
     log, seconds = run_logger(), {}
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = load_model(source, device=device).eval()

@@ -7,10 +7,8 @@
                            greedy accuracy per domain, logged under rl/<split>/ (eval/splits.py), memoised
     rl_train_task          the engine's Trainer with GRPOObjective over RolloutBatches
 
-Metric names: the objective's per-step values come out of the engine as `train/<name>`; the
-ones that are RL's own (clip and masked-IS fractions, KL, entropy, the ratio) are logged as
-`rl/<name>`, next to what the batch source measured (`rl/reward/<component>`, kept groups,
-response length, rollout tokens/s).
+Metric names: flows/rl.py `rl_metric_log` renames RL's own objective values (clip and masked-IS
+fractions, KL, entropy, the ratio) from the trainer's `train/<name>` to `rl/<name>`.
 """
 
 from __future__ import annotations
@@ -33,9 +31,6 @@ from stagewise.refs import CheckpointRef
 from stagewise.store.policy import once, retrying, run_logger
 from stagewise.store.steps import cached
 from stagewise.store.tracking import Tracker
-
-RL_OBJECTIVE_METRICS = ("pg_loss", "clip_fraction", "is_masked_fraction", "kl", "entropy", "ratio_mean")
-
 
 # --------------------------------------------------------------------------- the demo world
 
@@ -122,14 +117,3 @@ def rl_train_task(trainer, batches, resume_from: str | None, tracker: Tracker, r
     meta = read_meta(result.checkpoint)
     return CheckpointRef(path=str(result.checkpoint), step=result.step, tokens_seen=result.tokens_seen,
                          sha256=meta.weight_sha256 or "")
-
-
-def rl_metric_log(tracker: Tracker, run_id: str, prefix: str = "rl"):
-    """The engine's log callback: RL's own objective values renamed from train/<x> to <prefix>/<x>."""
-    def log(records: list[tuple[int, int, dict[str, float]]]) -> None:
-        renamed = []
-        for step, tokens, metrics in records:
-            renamed.append((step, tokens, {(f"{prefix}/{k[6:]}" if k.startswith("train/") and k[6:] in RL_OBJECTIVE_METRICS
-                                            else k): v for k, v in metrics.items()}))
-        tracker.log_metrics(run_id, renamed)
-    return log

@@ -22,43 +22,34 @@ import json
 from pathlib import Path
 
 from prefect import task
-from pydantic import BaseModel
 
+from stagewise.data.atomic import building
+from stagewise.data.content_hash import step_hash
+from stagewise.data.curate import CurationError
+from stagewise.data.digest import rows_digest
 from stagewise.data.reasoning_switch import SwitchSetting, switch_spec
-from stagewise.data.sft_assembly import IM_END, SFTDataError, chat_eos, keep_previous, pack_seed, realised_mixture, tokenizer_digest
+from stagewise.data.sft_assembly import (
+    SFTDataError,
+    blend_and_pack,
+    check_enough_packs,
+    curate_sources,
+    failed_rejects,
+    make_chat_start,
+    pack_seed,
+    tokenizer_digest,
+)
 from stagewise.data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
 from stagewise.data.sources import resolve_path
-from stagewise.refs import CheckpointRef
-from stagewise.data.content_hash import step_hash
+from stagewise.data.world.conversations import generate_sft_world
+from stagewise.eval.plots import reject_reasons_plot
+from stagewise.model.checkpoint import META_FILE, read_meta, weights_sha256
+from stagewise.refs import CheckpointRef, CuratedRef, PackedRef
+from stagewise.store.policy import retrying, run_logger
 from stagewise.store.steps import cached, step_dir
 from stagewise.store.tracking import Tracker
-from stagewise.store.policy import retrying, run_logger
 
 SFT_DATA_VERSION = 5
 """Bump when the way SFT data is generated, curated, sampled or packed changes (new directories)."""
-
-
-class CuratedRef(BaseModel):
-    """Curated sources: the kept conversations of each, their domains, and a digest of it all."""
-
-    root: str
-    digest: str
-    files: dict[str, str]
-    """Source name -> JSONL of the conversations it kept."""
-    domains: dict[str, str]
-    """Source name -> the domain the blends weigh it under."""
-
-
-class PackedRef(BaseModel):
-    """One sub-stage's training data: the packed rows, the sample behind them, and their report."""
-
-    root: str
-    rows: str
-    sample: str
-    """JSONL of the sampled conversations, each {"domain", "conversation"} (the next sub-stage's keep_previous)."""
-    digest: str
-    report: dict
-    mixture: dict[str, float]
 
 
 # --------------------------------------------------------------------------- tasks
@@ -66,9 +57,6 @@ class PackedRef(BaseModel):
 @task(**retrying("sft-world"))
 def sft_world_task(world: SFTWorldConfig, entities: int, seed: int, workdir: str) -> str:
     """Generate the demo world's SFT conversations once per (settings, seed); returns the directory."""
-    from stagewise.data.atomic import building
-    from stagewise.data.world.conversations import generate_sft_world
-
     key = step_hash("sft_world", {"world": world, "entities": entities, "seed": seed, "version": SFT_DATA_VERSION})
     out = Path(workdir) / "sft_world" / key
     if (out / "sft_eval.jsonl").is_file():
@@ -86,12 +74,6 @@ def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str 
 
     A source above its max_reject_rate raises CurationError (the stage stops; its rejects
     file says why line by line)."""
-    from stagewise.data.atomic import building
-    from stagewise.data.curate import CurationError
-    from stagewise.data.sft_assembly import curate_sources, failed_rejects
-
-    from stagewise.data.digest import rows_digest
-
     paths = {s.name: resolve_path(s.path, base_dir, world_dir) for s in sources}
     missing = [f"{s.name}: {paths[s.name]}" for s in sources if not paths[s.name].exists()]
     if missing:
@@ -128,7 +110,6 @@ def _log_curation(summary: dict, root: Path, tracker: Tracker | None, run_id: st
                         f"sft/curate/{name}/reject_rate": r["reject_rate"]})
         metrics.update({f"sft/curate/{name}/{reason}": n for reason, n in r["rejected"].items()})
     tracker.log_metrics(run_id, [(0, 0, metrics)])
-    from stagewise.eval.plots import reject_reasons_plot
 
     tracker.log_json(run_id, summary, "curation/summary.json")
     for name in summary:
@@ -148,10 +129,6 @@ def sft_start_task(checkpoint: str, workdir: str) -> CheckpointRef:
     A copy (weights hard-linked when the filesystem allows) under
     `<workdir>/sft_data/start-<weights sha>`: the pretrain stage's own checkpoint is never
     edited. Every SFT checkpoint copies this tokenizer and generation config."""
-    from stagewise.data.atomic import building
-    from stagewise.data.sft_assembly import make_chat_start
-    from stagewise.model.checkpoint import META_FILE, read_meta, weights_sha256
-
     src = Path(checkpoint)
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"SFT start checkpoint {src} is not a checkpoint directory (no config.json)")
@@ -174,9 +151,6 @@ def blend_pack_task(sub, index: int, curated: CuratedRef, previous: PackedRef | 
     """Sample sub-stage `sub`'s blend (+ its keep_previous share of `previous`), render with the
     chat template (reasoning off through `switch`, the recipe's tokenizer.reasoning_switch) and
     best-fit pack into rows of sub.seq_length tokens; log the report and mixture."""
-    from stagewise.data.atomic import building
-    from stagewise.data.sft_assembly import blend_and_pack, check_enough_packs
-
     tok_digest = tokenizer_digest(tokenizer_dir)
     spec = {"blend": sub.blend, "keep_previous": sub.keep_previous, "seq_length": sub.seq_length, "seed": seed,
             "index": index, "version": SFT_DATA_VERSION, **switch_spec(switch)}

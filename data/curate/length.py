@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagewise.data.chat import render_examples
 from stagewise.data.curate.structural import Rejected
 from stagewise.data.curate.text import conversation_text
 from stagewise.data.sft_config import CurateConfig
@@ -19,8 +20,6 @@ from stagewise.data.sft_config import CurateConfig
 def token_count(conv: dict, tokenizer: Any) -> int:
     """Tokens of the rendered conversation's longest example (template when present, else the plain text)."""
     if getattr(tokenizer, "chat_template", None):
-        from stagewise.data.chat import render_examples
-
         return max(len(ids) for ids, _ in render_examples(conv, tokenizer))
     return len(tokenizer.encode(conversation_text(conv), add_special_tokens=False))
 

@@ -35,7 +35,8 @@ import os
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any, Literal
 

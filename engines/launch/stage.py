@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from stagewise.model.checkpoint import CheckpointMeta, adopt_checkpoint
 from stagewise.engines.availability import check_engine, container_tool
 from stagewise.engines.config import LaunchConfig, Parallelism
 from stagewise.engines.launch.plans import job_name, plan_launch
 from stagewise.engines.launch.task import launch_task
+from stagewise.model.checkpoint import CheckpointMeta, adopt_checkpoint, read_meta
 from stagewise.refs import CheckpointRef
 from stagewise.store.tracking import Tracker
 
@@ -108,7 +108,6 @@ def run_engine(ctx: StageRun, stage: str, engine: str, launch: LaunchConfig, run
     meta = CheckpointMeta(stage=stage, step=plan.step, tokens_seen=plan.tokens, recipe_hash=ctx.recipe_hash,
                           parent=parent, extra={"engine": engine})
     adopt_checkpoint(plan.export_dir, final, tokenizer_dir, meta)
-    from stagewise.model.checkpoint import read_meta
 
     return CheckpointRef(path=str(final), step=plan.step, tokens_seen=plan.tokens,
                          sha256=read_meta(final).weight_sha256 or "")

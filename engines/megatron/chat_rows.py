@@ -51,6 +51,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoTokenizer
+
 from stagewise.data.atomic import building
 from stagewise.data.chat import conversation_id, reasoning_enabled, render, render_text
 from stagewise.data.reasoning_switch import SwitchSetting, resolve_switch, switched
@@ -136,7 +138,6 @@ def write_chat_rows(sample: str | Path, tokenizer_dir: str | Path, pack_size: in
     out = Path(out)
     if (out / "report.json").is_file():
         return json.loads((out / "report.json").read_text())
-    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     rows, dropped, off = [], 0, 0

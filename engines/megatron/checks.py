@@ -7,6 +7,14 @@ from collections.abc import Callable
 from typing import Any
 
 from stagewise.engines import LAUNCHED_SUBSTAGE_GATE, PLACEHOLDER
+from stagewise.engines.megatron.translate import (
+    MegatronUnsupported,
+    chat_jsonl_overrides,
+    megatron_precision,
+    plan_long_context,
+    plan_megatron,
+    plan_sft,
+)
 from stagewise.model.config import TrainConfig
 
 
@@ -19,8 +27,6 @@ def megatron_problems(r: Any, name: str) -> list[tuple[str, str, str]]:
 
 def _refusals(translate: Callable[[], object]) -> list[tuple[str, str, str]]:
     """The MegatronUnsupported a translation raises, as a problem at the field it names."""
-    from stagewise.engines.megatron.translate import MegatronUnsupported
-
     try:
         translate()
     except MegatronUnsupported as e:
@@ -29,8 +35,6 @@ def _refusals(translate: Callable[[], object]) -> list[tuple[str, str, str]]:
 
 
 def _megatron_pretrain(r: Any) -> list[tuple[str, str, str]]:
-    from stagewise.engines.megatron.translate import megatron_precision, plan_megatron
-
     pre = r.stages.pretrain
     view = TrainConfig.model_validate(pre.model_dump(include=set(TrainConfig.model_fields)))
     view = view.model_copy(update={"precision": megatron_precision(pre.precision)})
@@ -41,8 +45,6 @@ def _megatron_pretrain(r: Any) -> list[tuple[str, str, str]]:
 
 def _megatron_long_context(r: Any) -> list[tuple[str, str, str]]:
     """Trained from pretraining's checkpoint: the recipe's model, its vocabulary the tokenizer's."""
-    from stagewise.engines.megatron.translate import plan_long_context
-
     lc = r.stages.long_context
     return _refusals(lambda: plan_long_context(lc, lc.launch, r.model, save_dir=PLACEHOLDER,
                                                pretrained_checkpoint=PLACEHOLDER, blend=[(PLACEHOLDER, 1.0)],
@@ -54,8 +56,6 @@ def _megatron_sft(r: Any) -> list[tuple[str, str, str]]:
     has: a gate evaluated before the sub-stage's end (one launch per sub-stage: a gate at its end, a
     quality bar on the export, is fine) and max_epochs (Megatron samples the budget's steps,
     wrapping its data as often as they need, with no cap on passes)."""
-    from stagewise.engines.megatron.translate import chat_jsonl_overrides, megatron_precision, plan_sft
-
     sft, out = r.stages.sft, []
     for i, sub in enumerate(sft.stages):
         here = f"stages.sft.stages[{i}]"

@@ -32,6 +32,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from stagewise.model.checkpoint import META_FILE, _is_weights
+
 LEGACY_LAYER_TYPES = {"linear_attention": "mamba", "full_attention": "attention"}
 """Our transformers' NemotronH layer kinds -> the names the transformers Megatron-Bridge pins accepts."""
 LAYER_TYPE_KEYS = ("layers_block_type", "mtp_layers_block_type")
@@ -69,8 +71,6 @@ def megatron_tokenizer_dir(tokenizer: str | os.PathLike, out: str | os.PathLike)
     tokenizer build reads it: its files symlinked, never weights or our metadata (the files
     model.checkpoint copies as a checkpoint's tokenizer), and config.json, where there is one,
     rewritten as megatron_hf_dir rewrites it. Made afresh on every call."""
-    from stagewise.model.checkpoint import META_FILE, _is_weights
-
     src = Path(tokenizer).resolve()
     if not (src / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"{src}: no tokenizer_config.json (not a Hugging Face tokenizer directory)")

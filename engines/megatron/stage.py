@@ -46,13 +46,12 @@ import dataclasses
 from pathlib import Path
 
 from stagewise.data.long_context import DOC_QA
-from stagewise.engines.megatron.hf_config import megatron_hf_dir, megatron_tokenizer_dir, write_pinned_config
-from stagewise.engines.megatron.indexed_data import write_indexed_dir
 from stagewise.data.prepare import PreparedData
 from stagewise.data.shards import TokenShard
-from stagewise.engines.launch.stage import EnginePlan, EngineStep
-from stagewise.model.config import ModelConfig, TrainConfig
 from stagewise.engines.config import LaunchConfig
+from stagewise.engines.launch.stage import EnginePlan, EngineStep
+from stagewise.engines.megatron.hf_config import megatron_hf_dir, megatron_tokenizer_dir, write_pinned_config
+from stagewise.engines.megatron.indexed_data import write_indexed_dir
 from stagewise.engines.megatron.translate import (
     MegatronPlan,
     MLflowTarget,
@@ -64,6 +63,9 @@ from stagewise.engines.megatron.translate import (
     plan_megatron,
     plan_sft,
 )
+from stagewise.model.build import build_hf_config
+from stagewise.model.checkpoint import _copy_tokenizer
+from stagewise.model.config import ModelConfig, TrainConfig
 
 
 def indexed_shards(shard_dirs: dict[str, str | Path], out_dir: Path) -> dict[str, Path]:
@@ -89,9 +91,6 @@ def indexed_datasets(prepared_root: str) -> tuple[dict[str, Path], str, int]:
 def hf_template(model: ModelConfig, vocab_size: int, tokenizer_dir: str, out: Path) -> Path:
     """A directory with the preset's HF config and the tokenizer: what the HF bridge exports against
     when pretraining starts from a preset (there is no input checkpoint to take them from)."""
-    from stagewise.model.build import build_hf_config
-    from stagewise.model.checkpoint import _copy_tokenizer
-
     out.mkdir(parents=True, exist_ok=True)
     build_hf_config(model, vocab_size).save_pretrained(out)
     write_pinned_config(out)  # read by Megatron-Bridge's transformers only

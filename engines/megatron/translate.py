@@ -38,15 +38,16 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any, Literal
 
+from stagewise.engines.config import LaunchConfig, Parallelism
+from stagewise.engines.hydra_overrides import override_args
 from stagewise.model.config import LoRAConfig, ModelConfig, OptimizerConfig, TrainConfig
 from stagewise.model.presets import preset_about, preset_kwargs, preset_names
 from stagewise.model.schedules import decay_tokens
-from stagewise.engines.config import LaunchConfig, Parallelism
-from stagewise.engines.hydra_overrides import override_args
 
 UPSTREAM_COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
 """The Megatron-Bridge commit whose recipes, scripts and config field names this module follows

@@ -16,6 +16,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from stagewise.data.config import WORLD_PREFIX
+from stagewise.data.world.rl_rows import ENVIRONMENTS
+from stagewise.engines import PLACEHOLDER
+from stagewise.engines.nemo_rl.translate import (
+    MlflowTarget,
+    distill_config,
+    grpo_config,
+    unsupported,
+    unsupported_distill,
+)
 
 Problem = tuple[str, str, str]
 
@@ -39,8 +48,6 @@ def refusals(at: str, unsupported: Iterable[tuple[str, str]]) -> list[Problem]:
 def known_environments(data) -> dict[str, set[str]]:
     """domain -> the verifiers its rows name, for the sources whose verifiers the recipe tells
     (their `environment`, or the demo world's file of a domain); other files are left out."""
-    from stagewise.data.world.rl_rows import ENVIRONMENTS
-
     out: dict[str, set[str]] = {}
     for src in data.sources:
         world = src.path.removeprefix(f"{WORLD_PREFIX}rl_").removesuffix(".jsonl") if src.path.startswith(
@@ -65,9 +72,6 @@ def _placement(at: str, block) -> list[Problem]:
 
 
 def _rl(r: Any) -> list[Problem]:
-    from stagewise.engines import PLACEHOLDER
-    from stagewise.engines.nemo_rl.translate import MlflowTarget, grpo_config, unsupported
-
     rl, at = r.stages.rl, "stages.rl"
     gym = rl.nemo_gym
     envs = {e for v in known_environments(rl.data).values() for e in v}
@@ -93,9 +97,6 @@ def domain_agents(by_domain: dict[str, set[str]], at: str) -> tuple[dict[str, st
 
 
 def _distill(r: Any) -> list[Problem]:
-    from stagewise.engines import PLACEHOLDER
-    from stagewise.engines.nemo_rl.translate import MlflowTarget, distill_config, unsupported_distill
-
     d, at = r.stages.distill, "stages.distill"
     data = d.data or (r.stages.rl.data if r.stages.rl else None)
     if data is None:  # _distill_problems names the missing prompts

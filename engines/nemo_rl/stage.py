@@ -32,10 +32,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stagewise.engines.launch.stage import EnginePlan, EngineStep
-from stagewise.engines.nemo_rl.checks import refusals
-from stagewise.engines.nemo_rl import translate as nemo_rl
+from stagewise.data.errors import BadInput
 from stagewise.engines.config import LaunchConfig, NemoGym
+from stagewise.engines.launch.stage import EnginePlan, EngineStep
+from stagewise.engines.nemo_rl import translate as nemo_rl
+from stagewise.engines.nemo_rl.checks import domain_agents, refusals
 from stagewise.engines.nemo_rl.translate import MlflowTarget
 
 RUN_DIR = "nemo-rl"
@@ -64,8 +65,6 @@ def row_agents(rows, gym: NemoGym | None) -> dict[str, str]:
 def refuse_unsupported(at: str, unsupported: nemo_rl.Unsupported) -> None:
     """BadInput (exit 2) naming each field NeMo RL cannot express, before anything trains."""
     if unsupported:
-        from stagewise.data.errors import BadInput
-
         raise BadInput("engine nemo_rl: " + "; ".join(f"{path}: {why}" for path, why, _ in refusals(at, unsupported)))
 
 
@@ -90,8 +89,6 @@ def _write_rows(at: str, out_dir: Path, rows, by_domain, **kwargs) -> Path:
     try:
         return nemo_rl.write_ordered_rows(out_dir / RUN_DIR / "train.jsonl", rows, by_domain, **kwargs)
     except ValueError as e:
-        from stagewise.data.errors import BadInput
-
         raise BadInput(f"{at}.nemo_gym.agents: engine nemo_rl: {e} (or use engine torch)") from None
 
 
@@ -118,15 +115,11 @@ def distill_plan(stage, *, student: str, teachers: dict[str, str], rows: dict[st
     """One distillation round (`stage`, recipe/blocks/distill.py's DistillStage) on NeMo RL's MOPD: the
     prompts in our sampler's order (no curriculum), the teachers' HF directories routed by the
     agent of their domains' rows, the launches."""
-    from stagewise.engines.nemo_rl.checks import domain_agents
-
     train = _write_rows("stages.distill", out_dir, rows, by_domain, ratios=ratios, batch_size=stage.prompts_per_step,
                         total_steps=stage.steps, curriculum=None, seed=seed, agent_of=agents.__getitem__)
     per_domain = {d: {agents[i] for i, _ in ids} for d, ids in by_domain.items()}
     routes, clashes = domain_agents(per_domain, "stages.distill")
     if clashes:
-        from stagewise.data.errors import BadInput
-
         raise BadInput("; ".join(f"{path}: {why}" for path, why, _ in clashes))
     try:
         config = nemo_rl.distill_config(stage, model=student, teacher_models=teachers, agents=routes,
@@ -134,7 +127,5 @@ def distill_plan(stage, *, student: str, teachers: dict[str, str], rows: dict[st
                                         gym_config_paths=stage.nemo_gym.config_paths,
                                         max_prompt_tokens=max_prompt_tokens, mlflow=mlflow, seed=seed)
     except ValueError as e:
-        from stagewise.data.errors import BadInput
-
         raise BadInput(f"stages.distill: engine nemo_rl: {e}") from None
     return _launches(config, "mopd", stage.launch, out_dir, stage.steps)

@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stagewise.eval.local_data import load as load_files
+
 HERE = Path(__file__).resolve().parent
 
 
 def load(data_files: dict[str, str], **_ignored: Any):
     """A DatasetDict with one split per `data_files` entry (paths relative to eval/benchmarks/)."""
-    from stagewise.eval.local_data import load as load_files
-
     return load_files({split: str(HERE / name) for split, name in data_files.items()})

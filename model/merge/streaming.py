@@ -29,7 +29,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path

@@ -13,11 +13,13 @@ keep_checkpoints).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from stagewise.model.checkpoint import list_checkpoints, read_meta
 from stagewise.model.merge.errors import MergeInputError
 
 
@@ -85,8 +87,6 @@ def _find_end(ckpts: list[tuple[Path, int]], given: Sequence, end) -> tuple[Path
 
 def checkpoints_with_tokens(stage_dir: str | os.PathLike) -> list[tuple[Path, int]]:
     """(checkpoint, tokens_seen) of every complete checkpoint of a stage, oldest first."""
-    from stagewise.model.checkpoint import list_checkpoints, read_meta
-
     return [(p, read_meta(p).tokens_seen) for p in list_checkpoints(stage_dir)]
 
 
@@ -95,8 +95,6 @@ def order_by_tokens(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
     Plain Hugging Face checkpoints carry no token count, so their order is the caller's.
     """
-    import json
-
     tokens = []
     for p in map(Path, paths):
         meta = p / "stagewise.json"

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import torch
 
-
 UNSCORED_BELOW = -1e3
 """A teacher log-prob below this (or not finite) is no score: vLLM answers -9999 for a token its
 model gives probability 0 (and NaN marks a token it did not return). Such a token gets

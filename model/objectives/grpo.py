@@ -40,6 +40,7 @@ from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
 from stagewise.model.objectives.auxiliary import add_auxiliary
+from stagewise.model.packed import causal_lm
 
 if TYPE_CHECKING:
     from stagewise.model.objectives import LossContext
@@ -154,7 +155,6 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, temperature:
     [n, L-1, V] logits were the largest part of an RL step's compute."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    from stagewise.model.packed import causal_lm
 
     targets, lm = input_ids[:, 1:], causal_lm(model)
     if mask is None or not hasattr(lm, "lm_head"):  # a stand-in that only answers logits: all of them

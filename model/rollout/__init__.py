@@ -67,15 +67,15 @@ def make_generator(backend: str, policy: torch.nn.Module, end_ids: list[int], pa
     started as model/rollout/vllm.py says; optional extra). `precision` "bf16" samples with a bfloat16
     copy of the policy (a sampler whose numerics differ from the trainer's, as vLLM's bf16 do)."""
     if backend == "hf":
-        from stagewise.model.rollout.hf import HFGenerator
+        from stagewise.model.rollout.hf import HFGenerator  # noqa: PLC0415 (circular: each backend imports this package)
 
         return HFGenerator(policy, end_ids, pad_id, **options)
     if backend == "hf-process":
-        from stagewise.model.rollout.process import ProcessGenerator
+        from stagewise.model.rollout.process import ProcessGenerator  # noqa: PLC0415 (circular: each backend imports this package)
 
         return ProcessGenerator(policy, end_ids, pad_id, **options)
     if backend == "vllm":
-        from stagewise.model.rollout.vllm import VLLMGenerator
+        from stagewise.model.rollout.vllm import VLLMGenerator  # noqa: PLC0415 (circular: each backend imports this package)
 
         return VLLMGenerator(policy, end_ids, pad_id, **options)
     raise ValueError(f"unknown rollout backend {backend!r}: use hf, hf-process or vllm")

@@ -38,6 +38,7 @@ from typing import Literal
 import torch
 
 from stagewise.model import mamba_torch
+from stagewise.model.objectives.grpo import token_logprobs
 from stagewise.model.rollout import Rollout
 
 
@@ -85,8 +86,6 @@ class HFGenerator:
 
     @torch.no_grad()
     def token_logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        from stagewise.model.objectives.grpo import token_logprobs
-
         return token_logprobs(self.scorer, input_ids.to(self.device), temperature)[0].cpu()
 
     @torch.no_grad()

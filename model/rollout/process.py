@@ -49,6 +49,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from stagewise.model.rollout import Rollout
 
@@ -93,9 +94,9 @@ def _serve(conn: Connection, threads: int) -> None:
         with open(stderr_file, "ab") as f:
             os.dup2(f.fileno(), 2)
     try:
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # noqa: PLC0415 (a failure here is sent back to the parent)
 
-        from stagewise.model.rollout.hf import HFGenerator
+        from stagewise.model.rollout.hf import HFGenerator  # noqa: PLC0415 (a failure here is sent back to the parent)
 
         model_bytes, end_ids, pad_id, batch_rows, verbosity, precision = pickle.loads(conn.recv_bytes())
         hf_logging.set_verbosity(verbosity)
@@ -152,7 +153,6 @@ class ProcessGenerator:
             raise ValueError(f"precision must be trainer or bf16, got {precision!r}")
         # a CPU copy (the caller's model may live on a GPU, and stays untouched)
         model_bytes = _dumps(copy.deepcopy(policy).cpu().eval().requires_grad_(False))
-        from transformers.utils import logging as hf_logging
 
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)

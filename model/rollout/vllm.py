@@ -45,6 +45,7 @@ from typing import Any, Iterable
 
 import torch
 
+from stagewise.model.objectives.grpo import token_logprobs
 from stagewise.model.rollout import Rollout
 
 INSTALL_HINT = (
@@ -56,7 +57,7 @@ INSTALL_HINT = (
 def _client_class():
     """TRL's VLLMClient, or a RuntimeError saying how to get it."""
     try:
-        from trl.generation.vllm_client import VLLMClient
+        from trl.generation.vllm_client import VLLMClient  # noqa: PLC0415 (optional: trl is in the gpu extra (vLLM weight sync))
     except ImportError as err:
         raise RuntimeError(f"the vllm rollout backend needs TRL's VLLMClient ({err}): {INSTALL_HINT}") from err
     return VLLMClient
@@ -139,7 +140,6 @@ class VLLMGenerator:
         """The trainer-style log-probs under the synced weights, from the local copy (keep_copy)."""
         if self.model is None:
             raise RuntimeError("one-step off-policy rollouts need keep_copy=True (the weights that sampled)")
-        from stagewise.model.objectives.grpo import token_logprobs
 
         return token_logprobs(self.model, input_ids.to(self.device), temperature)[0].cpu()
 

@@ -34,6 +34,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from stagewise.eval.gates import GateConfig
+
 HOOKS: tuple[str, ...] = ("stretches", "budget_overrides")
 """What every stage block defines."""
 GATED_HOOKS: tuple[str, ...] = ("gate_metrics",)
@@ -95,8 +97,6 @@ def scaled(stretches: Iterable[Stretch], fraction: float) -> list[str]:
 
 def holds_gate(model: type[BaseModel]) -> bool:
     """Whether a GateConfig can appear anywhere in `model`'s keys (directly, in a list, in a sub-block)."""
-    from stagewise.eval.gates import GateConfig
-
     seen: set[type] = set()
 
     def walk(t: Any) -> bool:

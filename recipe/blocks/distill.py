@@ -134,7 +134,7 @@ class DistillStage(OnPolicyStage):
     def results_named(self, at: str) -> list[str]:
         """`field: value` of every earlier stage's result this block names (`student: sft`, `stage:`
         teachers): what the stage does not have when it runs alone (an ablation)."""
-        from stagewise.recipe.schema import STAGE_ORDER
+        from stagewise.recipe.schema import STAGE_ORDER  # noqa: PLC0415 (circular: recipe.schema imports this block)
 
         named = [f"{at}.teachers[{i}].stage: {t.stage}" for i, t in enumerate(self.teachers) if t.stage]
         return ([f"{at}.student: {self.student}"] if self.student in STAGE_ORDER else []) + named

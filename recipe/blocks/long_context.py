@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from stagewise.data.long_context_config import LongContextDataConfig
-from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig, TrainConfig
 from stagewise.engines.config import EngineChoice
+from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig, TrainConfig
 from stagewise.recipe.blocks.contract import Stretch, scaled
 
 if TYPE_CHECKING:

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
+from stagewise.engines.config import EngineChoice, NemoGym
 from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig, TrainConfig
 from stagewise.model.objectives.grpo import GRPOConfig
 from stagewise.model.rl_batches import SamplingSettings
-from stagewise.engines.config import EngineChoice, NemoGym
 from stagewise.recipe.blocks.contract import Stretch, scaled
 
 if TYPE_CHECKING:

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import Field
 
 from stagewise.data.config import PhaseConfig
-from stagewise.eval.gates import GateConfig
-from stagewise.model.config import TrainConfig
 from stagewise.engines.config import EngineChoice
+from stagewise.eval.gates import GateConfig
+from stagewise.eval.metric_names import VALIDATION_PREFIX, validation_metric_names
+from stagewise.model.config import TrainConfig
 from stagewise.recipe.blocks.contract import Stretch, scaled
 
 if TYPE_CHECKING:
@@ -42,6 +43,4 @@ class PretrainStage(TrainConfig, EngineChoice):
 
     def gate_metrics(self, recipe: Recipe) -> set[str]:
         """At a gate's marks pretraining scores the validation loss of every pretraining source (flows/pretrain.py)."""
-        from stagewise.eval.metric_names import VALIDATION_PREFIX, validation_metric_names
-
         return {f"{VALIDATION_PREFIX}/{n}" for n in validation_metric_names(s.name for s in recipe.data.sources)}

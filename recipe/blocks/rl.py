@@ -22,7 +22,6 @@ from stagewise.model.rl_batches import PlateauRule, RolloutSettings
 from stagewise.recipe.blocks.on_policy import OnPolicyStage
 
 
-
 class RLWorldConfig(StrictConfig):
     """The demo world's verifiable task rows (written under <workdir>/rl_world/)."""
 

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field
 
 from stagewise.data.sft_config import SFTBlend, SFTDataConfig
-from stagewise.eval.gates import GateConfig
-from stagewise.model.config import LoRAConfig, TrainConfig
 from stagewise.engines.config import EngineChoice
+from stagewise.eval.gates import GateConfig
+from stagewise.eval.metric_names import heldout_metric_names, heldout_prefix
+from stagewise.model.config import LoRAConfig, TrainConfig
 from stagewise.recipe.blocks.contract import Stretch, scaled
 
 if TYPE_CHECKING:
@@ -70,8 +71,6 @@ class SFTStage(EngineChoice):
     def gate_metrics(self, recipe: Recipe) -> set[str]:
         """At a gate's marks SFT scores the held-out conversations' dev split (a gate never reads test:
         eval/splits.py), per domain of its sources, when it has held-out conversations (flows/sft.py)."""
-        from stagewise.eval.metric_names import heldout_metric_names, heldout_prefix
-
         if not (self.data.heldout or self.data.world):
             return set()
         domains = sorted({s.domain_name for s in self.data.sources})

@@ -78,7 +78,7 @@ class Facts:
     def stretches(self) -> list[tuple[str, Stretch]]:
         """(stage, stretch) of every stretch the recipe trains, in pipeline order: each present block's
         `stretches` (recipe/blocks/contract.py; merge and quantize train none)."""
-        from stagewise.recipe.schema import STAGE_ORDER
+        from stagewise.recipe.schema import STAGE_ORDER  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
 
         blocks = [(name, getattr(self.recipe.stages, name)) for name in STAGE_ORDER]
         return [(name, s) for name, block in blocks if block is not None for s in block.stretches(f"stages.{name}")]
@@ -87,7 +87,7 @@ class Facts:
     def model(self) -> ModelFacts | None:
         """None when the model cannot be built here (e.g. `model.from` a checkpoint not made yet)."""
         try:
-            from stagewise.model.inspect import inspect_model
+            from stagewise.model.inspect import inspect_model  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
 
             report = inspect_model(self.recipe.model, self._vocab, seq_length=1, micro_batch=1)
         except (BadInput, OSError, ValueError, TypeError):  # a model that cannot be built: no model facts
@@ -105,7 +105,7 @@ class Facts:
     @cached_property
     def _meta(self) -> Any:
         try:
-            from stagewise.model.inspect import meta_model
+            from stagewise.model.inspect import meta_model  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
 
             return meta_model(self.recipe.model, self._vocab)
         except (BadInput, OSError, ValueError, TypeError):  # a model that cannot be built: no model facts
@@ -114,7 +114,7 @@ class Facts:
     @cached_property
     def operators(self) -> list | None:
         """The quantizable operators (quant/operators.py) of the meta-device model; None: no model."""
-        from stagewise.quant.operators import operators
+        from stagewise.quant.operators import operators  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
 
         return operators(self._meta) if self._meta is not None else None
 
@@ -122,7 +122,7 @@ class Facts:
     def data(self) -> DataFacts | None:
         """The prepared data of the recipe's inputs under its workdir, if `prepare_data` has built it
         (data/prepare.py find_prepared: the sources are hashed, nothing is generated or tokenized)."""
-        from stagewise.data.prepare import find_prepared
+        from stagewise.data.prepare import find_prepared  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
 
         r = self.recipe
         try:
@@ -137,8 +137,8 @@ class Facts:
         """(every eval name a gated stage logs at its marks, the suite's tasks whose names only lm-eval
         knows): what its block says its evaluations log there (`gate_metrics`: pretraining's validation
         loss, SFT's held-out conversations' dev split) and the gate's suite."""
-        from stagewise.eval.harness import local_metric_names
-        from stagewise.eval.metric_names import SUITE_PREFIX
+        from stagewise.eval.harness import local_metric_names  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
+        from stagewise.eval.metric_names import SUITE_PREFIX  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
 
         r = self.recipe
         names = getattr(r.stages, stage).gate_metrics(r)

@@ -35,7 +35,7 @@ def quantize_sensitive(facts: Facts) -> Iterator[Finding]:
     q, ops = facts.recipe.stages.quantize, facts.operators
     if q is None or ops is None:
         return
-    from stagewise.quant.plan import ULTRA, fixed_formats
+    from stagewise.quant.plan import ULTRA, fixed_formats  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
 
     try:
         fixed = fixed_formats(ops, q)
@@ -60,7 +60,7 @@ def quantize_sensitive(facts: Facts) -> Iterator[Finding]:
 
 def _pin_field(q, names: list[str]) -> str:
     """The last pin (the one that wins) matching any of `names`."""
-    from stagewise.quant.operators import group_of, matches
+    from stagewise.quant.operators import group_of, matches  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
 
     groups = {group_of(n) for n in names}
     hits = [j for j, pin in enumerate(q.pins) if any(group_of(n) in groups and matches(n, [pin.pattern]) for n in names)]
@@ -91,7 +91,7 @@ def gate_metric(facts: Facts) -> Iterator[Finding]:
     The gate would fail at its first evaluation, after the first stretch has trained. Names from
     training itself (train/, moe/, act/, data/) and from lm-eval's standard tasks are not judged:
     which exist depends on the objective, or only lm-eval knows them."""
-    from stagewise.recipe.doctor.facts import TRAINING_PREFIXES
+    from stagewise.recipe.doctor.facts import TRAINING_PREFIXES  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
 
     for stage, at, gate in _gated(facts):
         known, outside = facts.gate_metrics(stage, gate.suite)

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from stagewise.recipe.doctor.findings import Finding, advise
 
 if TYPE_CHECKING:
+    from stagewise.recipe import Recipe
     from stagewise.recipe.blocks.contract import Stretch
     from stagewise.recipe.doctor.facts import Facts
-    from stagewise.recipe import Recipe
 
 FINETUNE_WARMUP_SHARE = 0.25
 """Most a fine-tune (an SFT sub-stage, long context) should spend warming up, as a share of its tokens
@@ -260,7 +260,7 @@ def masked_is_inert(facts: Facts) -> Iterator[Finding]:
     exactly 1 and no token is ever masked: neither the sampler-vs-trainer numerics nor the staleness
     are corrected by it (only ρ's clip acts). Synchronous rollouts take π_old from the trainer at the
     sampling weights; recompute_old_logprobs takes it from a trainer-style forward under them."""
-    from stagewise.recipe.blocks.distill import teacher_rl_block
+    from stagewise.recipe.blocks.distill import teacher_rl_block  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
 
     r = facts.recipe
     fix = ("π_old is the sampler's own log-probs, so w = 1 and masked IS masks nothing; set rollout.off_policy: "

@@ -4,6 +4,7 @@ each one's recall, precision and speed ratio (datasketch is in the dev extra).""
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from tests.benchmarks.scripts import load_benchmark

@@ -13,8 +13,14 @@ from transformers import AutoTokenizer
 from stagewise.data.chat import chat_template, chat_text, install_chat_template, install_chat_template_dir
 from stagewise.data.config import TokenizerConfig
 from stagewise.data.errors import BadInput
-from stagewise.data.reasoning_switch import (KwargSwitch, NoSwitch, SystemFlagSwitch, detect_switch, resolve_switch,
-                                             switched)
+from stagewise.data.reasoning_switch import (
+    KwargSwitch,
+    NoSwitch,
+    SystemFlagSwitch,
+    detect_switch,
+    resolve_switch,
+    switched,
+)
 from stagewise.data.sft_config import PackingConfig
 from stagewise.data.sft_data import encode, pack_conversations
 

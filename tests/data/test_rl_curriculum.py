@@ -10,8 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stagewise.data.rl_curriculum import (CurriculumConfig, bin_counts, bin_shares, curriculum_mu, difficulty_filter,
-                                largest_remainder, pass_rate_bin, sample_batch)
+from stagewise.data.rl_curriculum import (
+    CurriculumConfig,
+    bin_counts,
+    bin_shares,
+    curriculum_mu,
+    difficulty_filter,
+    largest_remainder,
+    pass_rate_bin,
+    sample_batch,
+)
 
 CFG = CurriculumConfig()
 

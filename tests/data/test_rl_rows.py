@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stagewise.data.errors import BadInput
 from stagewise.data.chat import prompt_key as conversation_key
+from stagewise.data.errors import BadInput
 from stagewise.data.rl_rows import RLRow, prompt_key, prompt_messages, read_rows, write_rows
 
 # NeMo Gym's own row shapes: compact separators, agent_ref, Responses-API message items with

@@ -4,7 +4,6 @@ of several sources, the chat-model start checkpoint, and blend-and-pack on disk.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +26,6 @@ from stagewise.data.sft_assembly import (
 )
 from stagewise.data.sft_config import CurateConfig, SFTBlend, SFTDataSource
 from stagewise.data.world.conversations import domain_conversations
-
 
 # --------------------------------------------------------------------------- pure helpers
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from stagewise.data.loader import DataExhausted
 from stagewise.data.packing import IGNORE

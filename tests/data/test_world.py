@@ -5,8 +5,7 @@ import random
 import re
 
 from stagewise.data.config import WorldConfig
-from stagewise.data.world import generate_world, make_entities, make_problem, make_retrieval, render_entity
-from stagewise.data.world import noisy
+from stagewise.data.world import generate_world, make_entities, make_problem, make_retrieval, noisy, render_entity
 from stagewise.data.world.retrieval import render_retrieval
 from stagewise.data.world.stdlib import MAX_SOURCE_CHARS, source_chunks, stdlib_files, stdlib_root
 

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stagewise.deployments.catalog import ABLATE, NIGHTLY, NIGHTLY_CRON, PIPELINE, PROMOTE, WEEKLY, build_deployments, stage_selections
+from stagewise.deployments.catalog import (
+    ABLATE,
+    NIGHTLY,
+    NIGHTLY_CRON,
+    PIPELINE,
+    PROMOTE,
+    WEEKLY,
+    build_deployments,
+    stage_selections,
+)
 from stagewise.flows.deployed import check_request
 from stagewise.flows.registry import REGISTRY
 

@@ -9,8 +9,13 @@ def from_prefect(flow_run_id: str, what: str) -> list:
     """The task runs (`what="tasks"`), log lines ("logs"), artifacts ("artifacts") or stage flow runs
     ("stages") of a pipeline flow run and its stage subflows."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId, LogFilter,
-                                                LogFilterFlowRunId)
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterParentFlowRunId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
 
     async def read() -> list:
         async with get_client() as client:

@@ -129,8 +129,13 @@ def test_serve_registers_the_deployments_with_the_stages_form(served):
 @pytest.mark.slow
 def test_the_weekly_deployment_has_its_next_run_scheduled(served):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState,
-                                                FlowRunFilterStateName)
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateName,
+    )
 
     weekly = _deployments()["weekly"]
     assert [s.schedule.cron for s in weekly.schedules] == ["0 3 * * 0"]
@@ -389,7 +394,7 @@ def test_serve_with_a_pool_registers_the_deployments_on_a_process_work_pool(serv
     assert "prefect worker start --pool stagewise-test" in proc.stdout
     found = _deployments()
     assert set(found) == NAMES and {d.work_pool_name for d in found.values()} == {"stagewise-test"}
-    from stagewise.recipe.form_policy import POLICY_ENV, DEFAULT_ALLOWED, FormPolicy
+    from stagewise.recipe.form_policy import DEFAULT_ALLOWED, POLICY_ENV, FormPolicy
 
     for d in found.values():  # the pool's workers read the boundary from each job's environment
         policy = FormPolicy.model_validate_json(d.job_variables["env"][POLICY_ENV])

@@ -6,8 +6,14 @@ import math
 
 import pytest
 
-from stagewise.eval.harness import (UnknownSuiteError, UnknownTaskError, headline_metrics, resolve_suite, run_tasks,
-                          task_manager)
+from stagewise.eval.harness import (
+    UnknownSuiteError,
+    UnknownTaskError,
+    headline_metrics,
+    resolve_suite,
+    run_tasks,
+    task_manager,
+)
 
 WORLD = ["world_arithmetic", "world_arithmetic_mc", "world_chat_format", "world_compare_mc", "world_lookup",
          "world_sorting"]

@@ -53,9 +53,10 @@ def _flow_logs(flow_run_id) -> list[str]:
 
 
 def test_a_flow_run_log_holds_no_progress_bars_or_library_chatter(tiny_lm):
-    import stagewise  # noqa: F401  (the import root sets the project's Prefect settings)
     from prefect import flow, get_run_logger
     from prefect.context import get_run_context
+
+    import stagewise  # noqa: F401  (the import root sets the project's Prefect settings)
 
     model, tokenizer = tiny_lm
 

@@ -14,8 +14,15 @@ from matplotlib.axes import Axes
 from matplotlib.collections import Collection
 from matplotlib.patches import Rectangle
 
-from stagewise.eval.plots import (before_after_plot, cutoff_plot, loss_curves, merge_curves, metric_kind, reject_reasons_plot,
-                        stage_summary_plot)
+from stagewise.eval.plots import (
+    before_after_plot,
+    cutoff_plot,
+    loss_curves,
+    merge_curves,
+    metric_kind,
+    reject_reasons_plot,
+    stage_summary_plot,
+)
 
 DOMAINS = ("arithmetic", "format", "lookup", "recall", "sorting")
 H = "eval/sft_test/"

@@ -9,8 +9,8 @@ import pytest
 
 from stagewise.data.errors import BadInput
 from stagewise.eval.rewards import RewardConfig
-from stagewise.model.rollout import Rollout
 from stagewise.eval.rl_wiring import RLWiring, by_domain, load_rows
+from stagewise.model.rollout import Rollout
 
 
 @pytest.fixture(scope="module")

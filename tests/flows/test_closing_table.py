@@ -7,8 +7,15 @@ import time
 
 import pytest
 
-from stagewise.flows.closing_table import (closing_rows, gate_decisions, log_closing_table, loss_curves,
-                                           markdown_table, render, training_signals)
+from stagewise.flows.closing_table import (
+    closing_rows,
+    gate_decisions,
+    log_closing_table,
+    loss_curves,
+    markdown_table,
+    render,
+    training_signals,
+)
 from stagewise.flows.sft import SUBSTAGE_TAG
 from stagewise.refs import StageResult, StageSummary
 from stagewise.store.tracking import STAGE_TAG, Tracker

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from stagewise.data.errors import BadInput
 from stagewise.cli import app
+from stagewise.data.errors import BadInput
 from stagewise.flows.deployed import check_request, run_recipe_flow
 from stagewise.recipe import available_stages
 

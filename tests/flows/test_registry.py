@@ -9,12 +9,12 @@ import pytest
 
 from stagewise.config_base import StrictConfig
 from stagewise.eval.gates import GateConfig
+from stagewise.flows.registry import REGISTRY, problems, registered
+from stagewise.flows.stage import Stage, StageContext, Upstream
 from stagewise.recipe import STAGE_ORDER, StagesConfig, load_recipe
 from stagewise.recipe.blocks.contract import Role, Stretch, missing_hooks
 from stagewise.recipe.schema import stage_blocks
 from stagewise.recipe.shipped import resolve_recipe, shipped_names
-from stagewise.flows.registry import REGISTRY, problems, registered
-from stagewise.flows.stage import Stage, StageContext, Upstream
 
 
 def test_every_recipe_stage_block_has_a_registered_stage_in_order():

@@ -7,8 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.flows.stage import (StageContext, StageStateError, StartError, Upstream, checkpoint_hash, finish, resume_point,
-                         reused_result, start_checkpoint)
+from stagewise.flows.stage import (
+    StageContext,
+    StageStateError,
+    StartError,
+    Upstream,
+    checkpoint_hash,
+    finish,
+    resume_point,
+    reused_result,
+    start_checkpoint,
+)
 from stagewise.model.runtime import Runtime
 from stagewise.refs import StageResult, StageSummary
 from stagewise.store.steps import finished
@@ -34,9 +43,9 @@ def test_each_stage_is_given_only_the_results_it_reads():
         == ["sft"]
     assert given("merge") == ["pretrain", "rl"]  # what it needs, and the one handed on
     assert given("pretrain") == []
-    from stagewise.recipe import load_recipe
     from stagewise.flows.distill import select as distill_block
     from stagewise.flows.quantize import select as quantize_block
+    from stagewise.recipe import load_recipe
 
     recipe = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml").recipe  # student sft, teacher rl
     assert given("distill", distill_block(recipe)) == ["sft", "rl"]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.flows import long_context, merge, pretrain, quantize, sft
-from stagewise.recipe import load_recipe
-from stagewise.model.runtime import Runtime
 from stagewise.data.content_hash import step_hash
+from stagewise.flows import long_context, merge, pretrain, quantize, sft
+from stagewise.model.runtime import Runtime
+from stagewise.recipe import load_recipe
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 

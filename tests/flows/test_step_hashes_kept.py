@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from stagewise.data.content_hash import step_hash
 from stagewise.data.long_context import long_context_blend
 from stagewise.flows import distill, long_context, merge, pretrain, quantize, rl, sft
 from stagewise.model.config import TrainConfig
 from stagewise.model.runtime import Runtime
 from stagewise.recipe import load_recipe
 from stagewise.recipe.blocks.on_policy import block_spec
-from stagewise.data.content_hash import step_hash
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "step_hashes_before_import_root.json").read_text())

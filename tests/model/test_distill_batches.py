@@ -7,15 +7,14 @@ from __future__ import annotations
 import copy
 import random
 
-import pytest
 import torch
 
 from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
 from stagewise.model.distill_batches import DistillBatches
-from stagewise.model.trainer import Trainer
 from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
 from stagewise.model.rl_batches import Prompt, SamplingSettings
 from stagewise.model.rollout.hf import HFGenerator
+from stagewise.model.trainer import Trainer
 
 END = 3
 PROMPTS = {f"p{i}": Prompt(f"p{i}", "even" if i % 2 else "odd", tuple(random.Random(i).randrange(4, 200)

@@ -14,9 +14,9 @@ import torch
 
 from stagewise.model import checkpoint as ck
 from stagewise.model.config import TrainConfig
-from stagewise.model.trainer import Trainer
 from stagewise.model.objectives import LMObjective
 from stagewise.model.objectives.sft import SFTObjective
+from stagewise.model.trainer import Trainer
 
 SEQ, GLOBAL = 32, 8
 TPS = SEQ * GLOBAL

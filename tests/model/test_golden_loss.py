@@ -66,8 +66,8 @@ def run_tiny(out_dir: Path) -> dict[str, list[float]]:
 
     from stagewise.model.build import build_model
     from stagewise.model.config import ModelConfig, TrainConfig
-    from stagewise.model.trainer import Trainer
     from stagewise.model.objectives import LMObjective
+    from stagewise.model.trainer import Trainer
 
     hf_logging.set_verbosity_error()
     cfg = TrainConfig(tokens=STEPS * SEQ * GLOBAL, seq_length=SEQ, global_batch=GLOBAL, micro_batch=MICRO,

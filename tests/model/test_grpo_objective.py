@@ -11,8 +11,14 @@ import pytest
 import torch
 
 from stagewise.model.objectives import LossContext
-from stagewise.model.objectives.grpo import (GRPOConfig, GRPOObjective, RolloutBatch, is_weights, leave_one_out,
-                                   token_logprobs)
+from stagewise.model.objectives.grpo import (
+    GRPOConfig,
+    GRPOObjective,
+    RolloutBatch,
+    is_weights,
+    leave_one_out,
+    token_logprobs,
+)
 from stagewise.model.step import accumulate
 
 LN = math.log

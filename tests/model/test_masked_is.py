@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
-from stagewise.model.trainer import Trainer
 from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
 from stagewise.model.rl_batches import Prompt, RolloutBatches, RolloutSettings
 from stagewise.model.rollout import make_generator
 from stagewise.model.rollout.hf import HFGenerator
+from stagewise.model.trainer import Trainer
 
 END = 3
 PROMPTS = {f"p{i}": Prompt(f"p{i}", "d", tuple(random.Random(i).randrange(4, 200) for _ in range(3 + i % 4)))

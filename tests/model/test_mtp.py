@@ -38,8 +38,8 @@ def test_attached_as_submodule(model):
 def test_losses_one_finite_scalar_per_head_and_grads_reach_heads(model):
     ids, labels = _batch()
     losses = _losses(model, ids, labels)
-    assert len(losses) == 2 and all(l.ndim == 0 and torch.isfinite(l) for l in losses)
-    assert all(abs(l.item() - torch.log(torch.tensor(VOCAB)).item()) < 1.0 for l in losses)  # near uniform at init
+    assert len(losses) == 2 and all(loss.ndim == 0 and torch.isfinite(loss) for loss in losses)
+    assert all(abs(loss.item() - torch.log(torch.tensor(VOCAB)).item()) < 1.0 for loss in losses)  # near uniform at init
     model.zero_grad()
     model.mtp.weighted(losses).backward()
     for name, p in model.mtp.named_parameters():
@@ -67,7 +67,7 @@ def test_masked_targets_and_short_sequences(model):
     with torch.no_grad():
         hidden = model.model(ids).last_hidden_state
         masked = model.mtp.losses(hidden, ids, torch.full_like(labels, -100), model)
-        assert [l.item() for l in masked] == [0.0, 0.0]
+        assert [loss.item() for loss in masked] == [0.0, 0.0]
         short = model.mtp.losses(hidden[:, :2], ids[:, :2], labels[:, :2], model)
         assert torch.isfinite(short[0]) and short[1].item() == 0.0
 

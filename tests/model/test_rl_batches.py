@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from stagewise.model.config import OptimizerConfig, ScheduleConfig, TrainConfig
-from stagewise.model.trainer import Trainer
 from stagewise.model.objectives.grpo import GRPOConfig, GRPOObjective, token_logprobs
 from stagewise.model.rl_batches import Prompt, RolloutBatches, RolloutSettings, decode_batch, encode_batch, pass_rates
 from stagewise.model.rollout.hf import HFGenerator
+from stagewise.model.trainer import Trainer
 
 END = 3
 PROMPTS = {f"p{i}": Prompt(f"p{i}", "even" if i % 2 else "odd", tuple(random.Random(i).randrange(4, 200)

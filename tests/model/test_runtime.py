@@ -41,6 +41,7 @@ def test_a_stage_precision_wins_over_the_runtime():
 def test_the_mamba_kernels_are_named_from_the_installed_distributions(monkeypatch):
     import importlib.metadata as md
 
+    import stagewise.model.runtime as runtime_module
     from stagewise.model.runtime import mamba_kernels
 
     assert mamba_kernels("cpu") == "none (cpu)"
@@ -51,7 +52,7 @@ def test_the_mamba_kernels_are_named_from_the_installed_distributions(monkeypatc
             raise md.PackageNotFoundError(dist)
         return installed[dist]
 
-    monkeypatch.setattr(md, "version", version)
+    monkeypatch.setattr(runtime_module, "version", version)
     assert mamba_kernels("cuda") == "mamba-ssm 2.2.4 + causal-conv1d 1.5.0"
     del installed["causal-conv1d"]
     assert mamba_kernels("cuda").startswith("none: causal-conv1d not installed (PyTorch path")

@@ -8,10 +8,10 @@ import torch
 
 from stagewise.model import checkpoint as ck
 from stagewise.model.config import TrainConfig
-from stagewise.model.trainer import FitResult, Trainer, TrainingDiverged
 from stagewise.model.mfu import active_params, flops_per_token, peak_flops
 from stagewise.model.objectives import LMObjective, LossContext
 from stagewise.model.schedules import lr_at
+from stagewise.model.trainer import FitResult, Trainer, TrainingDiverged
 
 SEQ, GLOBAL = 32, 8
 TPS = SEQ * GLOBAL  # tokens per step

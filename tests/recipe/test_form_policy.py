@@ -10,9 +10,15 @@ from pathlib import Path
 import pytest
 
 from stagewise.data.errors import BadInput
-from stagewise.recipe.form_policy import (DEFAULT_ALLOWED, POLICY_ENV, FormPolicy, form_policy, serving_policy,
-                                               shipped_root)
 from stagewise.flows.deployed import ablate_recipe_flow, run_recipe_flow
+from stagewise.recipe.form_policy import (
+    DEFAULT_ALLOWED,
+    POLICY_ENV,
+    FormPolicy,
+    form_policy,
+    serving_policy,
+    shipped_root,
+)
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 OPEN_BY_DEFAULT = ["seed=3", "stages.pretrain.tokens=32768", "stages.rl.steps=4", "stages.long_context.optimizer.lr=1e-3",

@@ -112,8 +112,8 @@ def test_what_megatron_bridge_would_refuse_is_found_before_the_run():
 
 
 def test_the_published_4b_recipe_translates_in_whole_steps_as_our_engine_counts_them():
-    from stagewise.flows.pretrain import train_config
     from stagewise.engines.megatron.translate import plan_megatron
+    from stagewise.flows.pretrain import train_config
 
     recipe = TINY.parent / "nemotron-3-nano-4b.yaml"
     launch = "{env: {image: nvcr.io/nvidia/nemo:26.08, workdir: /opt/Megatron-Bridge}, nodes: 96, gpus_per_node: 8}"

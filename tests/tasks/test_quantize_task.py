@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from stagewise.eval.scoring import Scoring
 from stagewise.quant.calibration import stream_batches
 from stagewise.quant.config import QuantizeConfig
-from stagewise.eval.scoring import Scoring
 from stagewise.tasks.quantize import quantize_checkpoint
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from stagewise.data.sft_config import CurateConfig, SFTBlend, SFTDataSource, SFTWorldConfig
 from stagewise.recipe import SFTSubStage
+from stagewise.store.steps import value_of
 from stagewise.tasks.sft_data import (
     PackedRef,
     SFTDataError,
@@ -20,7 +21,6 @@ from stagewise.tasks.sft_data import (
 )
 
 SOURCES = [SFTDataSource(name=n, path=f"@world/sft_{n}.jsonl") for n in ("arithmetic", "sorting", "lookup")]
-from stagewise.store.steps import value_of
 
 
 def run(task, *args):

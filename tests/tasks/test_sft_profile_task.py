@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from stagewise.data.sft_config import CurateConfig, SFTDataSource, SFTWorldConfig
+from stagewise.store.steps import value_of
 from stagewise.tasks.data_profile import ARTIFACT_DIR, sft_profile_task
 from stagewise.tasks.sft_data import curate_task, sft_world_task
-from stagewise.store.steps import value_of
 
 SOURCES = [SFTDataSource(name="calculator", path="@world/sft_calculator.jsonl"),
            SFTDataSource(name="sorting", path="@world/sft_sorting.jsonl"),

@@ -11,8 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stagewise.data.curate.dedup import ExactDedup, NearDedup, distinct, jaccard, near_duplicates
-from stagewise.data.curate.minhash import (LSHIndex, band_collisions, candidate_probability, colliding_rows, digest_rows,
-                                           optimal_bands, shingles, word_hashes)
+from stagewise.data.curate.minhash import (
+    LSHIndex,
+    band_collisions,
+    candidate_probability,
+    colliding_rows,
+    digest_rows,
+    optimal_bands,
+    shingles,
+    word_hashes,
+)
 from stagewise.data.curate.structural import Rejected
 from stagewise.data.curate.text import fold, words
 

@@ -22,9 +22,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from stagewise.engines.config import LaunchConfig
 from stagewise.engines.launch.plans import job_name, plan_launch
 from stagewise.recipe import RecipeError, load_recipe
-from stagewise.engines.config import LaunchConfig
 
 TINY = Path(__file__).resolve().parents[3] / "recipes" / "tiny.yaml"
 IMAGE = "nvcr.io/nvidia/nemo:26.08"

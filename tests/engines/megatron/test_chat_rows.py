@@ -10,8 +10,8 @@ import json
 import pytest
 
 from stagewise.data.chat import REASONING_OFF_MARKER, render_text
-from stagewise.engines.megatron.chat_rows import TRAINING_FILE, as_megatron_renders, megatron_text, write_chat_rows
 from stagewise.data.sft_assembly import SFTDataError, write_jsonl
+from stagewise.engines.megatron.chat_rows import TRAINING_FILE, as_megatron_renders, megatron_text, write_chat_rows
 
 CALL = {"type": "function", "function": {"name": "calc", "arguments": '{"expression": "2 + 3"}'}}
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate", "parameters": {"type": "object"}}}]

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from stagewise.data.long_context_config import LengthShare, LongContextDataConfig
-from stagewise.engines.megatron.indexed_data import index_bytes, read_indexed
 from stagewise.data.shards import write_shard
+from stagewise.engines.config import EngineEnv, LaunchConfig
+from stagewise.engines.megatron.indexed_data import index_bytes, read_indexed
 from stagewise.engines.megatron.stage import beside, indexed_shards, long_context_plan, sft_plan
-from stagewise.recipe import SFTSubStage
-from stagewise.recipe.blocks.long_context import LongContextStage
+from stagewise.engines.megatron.translate import MLflowTarget
 from stagewise.model.config import ModelConfig
 from stagewise.model.presets import preset_kwargs
-from stagewise.engines.config import EngineEnv, LaunchConfig
-from stagewise.engines.megatron.translate import MLflowTarget
+from stagewise.recipe import SFTSubStage
+from stagewise.recipe.blocks.long_context import LongContextStage
 
 LAUNCH = LaunchConfig(env=EngineEnv(venv="/opt/mb", workdir="/opt/Megatron-Bridge"), gpus_per_node=2)
 MLFLOW = MLflowTarget("sqlite:////w/mlflow.db", "tiny", "run1", "sft/stage1")

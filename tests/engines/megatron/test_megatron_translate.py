@@ -24,8 +24,6 @@ import json
 
 import pytest
 
-from stagewise.model.config import LoRAConfig, ModelConfig, OptimizerConfig, ScheduleConfig, TrainConfig
-from stagewise.model.presets import preset_kwargs
 from stagewise.engines.config import EngineEnv, LaunchConfig, Parallelism
 from stagewise.engines.megatron.translate import (
     MegatronUnsupported,
@@ -39,6 +37,8 @@ from stagewise.engines.megatron.translate import (
     plan_megatron,
     plan_sft,
 )
+from stagewise.model.config import LoRAConfig, ModelConfig, OptimizerConfig, ScheduleConfig, TrainConfig
+from stagewise.model.presets import preset_kwargs
 
 ENV = EngineEnv(image="nvcr.io/nvidia/nemo:26.08", workdir="/opt/Megatron-Bridge")
 RUN = "/runs/r"

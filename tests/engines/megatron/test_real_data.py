@@ -154,9 +154,9 @@ def _run_side(python: Path, request: Path) -> dict:
 def pretrain_plan(prefixes: dict[str, str], tokenizer: Path, save_dir: Path):
     """The plan a pretraining stage on engine megatron makes over these prefixes (plan_megatron, as
     engines/megatron/stage.py's pretrain_plan calls it): STEPS steps of GLOBAL_BATCH x SEQ_LENGTH."""
+    from stagewise.engines.config import EngineEnv, LaunchConfig
     from stagewise.engines.megatron.translate import plan_megatron
     from stagewise.model.config import ModelConfig, TrainConfig
-    from stagewise.engines.config import EngineEnv, LaunchConfig
 
     train = TrainConfig(tokens=STEPS * GLOBAL_BATCH * SEQ_LENGTH, seq_length=SEQ_LENGTH, global_batch=GLOBAL_BATCH,
                         micro_batch=2, precision="bf16")

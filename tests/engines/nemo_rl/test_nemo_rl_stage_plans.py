@@ -9,16 +9,16 @@ import json
 import pytest
 import yaml
 
+from stagewise.data.rl_curriculum import CurriculumConfig
 from stagewise.data.rl_rows import RLRow
 from stagewise.data.rl_sampler import CurriculumSampler
-from stagewise.data.rl_curriculum import CurriculumConfig
-from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec
-from stagewise.engines.nemo_rl.stage import distill_plan, gym_environments, rl_plan, row_agents
-from stagewise.recipe.blocks.rl import RLData, RLSource, RLStage
-from stagewise.model.rl_batches import RolloutSettings, SamplingSettings
 from stagewise.engines.config import EngineEnv, LaunchConfig, NemoGym
+from stagewise.engines.nemo_rl.stage import distill_plan, gym_environments, rl_plan, row_agents
 from stagewise.engines.nemo_rl.translate import MlflowTarget
 from stagewise.eval.rl_wiring import ResolvedRow
+from stagewise.model.rl_batches import RolloutSettings, SamplingSettings
+from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec
+from stagewise.recipe.blocks.rl import RLData, RLSource, RLStage
 
 LAUNCH = LaunchConfig(env=EngineEnv(venv="/opt/nemo-rl/.venv", workdir="/opt/nemo-rl"), gpus_per_node=2)
 GYM = NemoGym(agents={"exact_answer": "math_agent", "json_answer": "json_agent"},
@@ -130,7 +130,7 @@ def test_a_distill_round_on_nemo_rl_hands_run_engine_its_plan(tmp_path, tiny_che
     teachers and rows go into the plan, and run_engine gets the stage's launch and the round's run."""
     from types import SimpleNamespace
 
-    import stagewise.engines.launch.stage
+    import stagewise.flows.distill
     from stagewise.flows.distill import DistillInputs, _round_on_nemo_rl
     from stagewise.flows.rl import StageRows
 
@@ -142,7 +142,7 @@ def test_a_distill_round_on_nemo_rl_hands_run_engine_its_plan(tmp_path, tiny_che
                          steps=2, prompts_per_step=2, reasoning=True, engine="nemo_rl", launch=launch, nemo_gym=GYM)
     block = DistillInputs(stage=stage, data=RLData(sources=[RLSource(name="a", path="a.jsonl")]))
     seen = {}
-    monkeypatch.setattr(stagewise.engines.launch.stage, "run_engine", lambda *a, **kw: seen.update(args=a, kw=kw) or "adopted")
+    monkeypatch.setattr(stagewise.flows.distill, "run_engine", lambda *a, **kw: seen.update(args=a, kw=kw) or "adopted")
     ctx = SimpleNamespace(seed=3, tracker=SimpleNamespace(experiment="tiny", uri="sqlite:////w/m.db"))
     got = _round_on_nemo_rl(ctx, block, str(tiny_checkpoint), {"math": "/t/m", "fmt": "/t/f"},
                             StageRows(rows, [], [], None), tmp_path / "round", "round-run")

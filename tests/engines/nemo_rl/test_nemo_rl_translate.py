@@ -18,14 +18,14 @@ import yaml
 from stagewise.data.rl_curriculum import CurriculumConfig
 from stagewise.data.rl_rows import RLRow, read_rows
 from stagewise.data.rl_sampler import CurriculumSampler
+from stagewise.engines.config import EngineEnv, LaunchConfig, Parallelism
+from stagewise.engines.nemo_rl import translate as nemo_rl
 from stagewise.eval.rewards import RewardConfig
-from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec
-from stagewise.recipe.blocks.rl import RLData, RLSource, RLStage
 from stagewise.model.config import OptimizerConfig, ScheduleConfig
 from stagewise.model.objectives.grpo import GRPOConfig
 from stagewise.model.rl_batches import PlateauRule, RolloutSettings, SamplingSettings
-from stagewise.engines.nemo_rl import translate as nemo_rl
-from stagewise.engines.config import EngineEnv, LaunchConfig, Parallelism
+from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec
+from stagewise.recipe.blocks.rl import RLData, RLSource, RLStage
 
 IMAGE = EngineEnv(image="nvcr.io/nvidia/nemo-rl:v0.6.0")
 DATA = RLData(sources=[RLSource(name="math", path="rl_math.jsonl")])

@@ -30,12 +30,12 @@ import pytest
 
 from stagewise.data.rl_rows import read_rows
 from stagewise.data.world.rl_rows import ENVIRONMENTS, generate_rl_world
-from stagewise.engines.nemo_rl.stage import gym_environments, row_agents, rl_plan
-from stagewise.engines.nemo_rl.translate import AGENT_TYPE, MlflowTarget, unsupported
-from stagewise.model.rl_batches import RolloutSettings
 from stagewise.engines.config import EngineEnv, LaunchConfig, NemoGym
-from stagewise.recipe.blocks.rl import RLData, RLSource, RLStage
+from stagewise.engines.nemo_rl.stage import gym_environments, rl_plan, row_agents
+from stagewise.engines.nemo_rl.translate import AGENT_TYPE, MlflowTarget, unsupported
 from stagewise.eval.rl_wiring import load_rows
+from stagewise.model.rl_batches import RolloutSettings
+from stagewise.recipe.blocks.rl import RLData, RLSource, RLStage
 
 pytestmark = pytest.mark.megatron
 

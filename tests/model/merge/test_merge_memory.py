@@ -9,8 +9,8 @@ measurement could not tell a streaming merge from a naive one.
 
 import json
 import subprocess
-from dataclasses import asdict
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest

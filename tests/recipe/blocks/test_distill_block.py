@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from stagewise.flows.distill import select
-from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec, teacher_rl_block
-from stagewise.recipe import RecipeError, load_recipe
 from stagewise.flows.registry import registered
+from stagewise.recipe import RecipeError, load_recipe
+from stagewise.recipe.blocks.distill import DistillStage, TeacherSpec, teacher_rl_block
 
 TINY = Path(__file__).resolve().parents[3] / "recipes" / "tiny.yaml"
 

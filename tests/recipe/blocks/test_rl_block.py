@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stagewise.recipe import RecipeError, load_recipe
 from stagewise.flows.registry import registered
 from stagewise.flows.rl import select
+from stagewise.recipe import RecipeError, load_recipe
 
 TINY = Path(__file__).resolve().parents[3] / "recipes" / "tiny.yaml"
 
@@ -47,10 +47,15 @@ def test_a_domain_share_must_be_positive():
 
 
 def test_vllm_rollouts_need_a_cuda_runtime():
-    from stagewise.flows.rl import backend_problem
+    from stagewise.data.errors import BadInput
+    from stagewise.flows.rl import refuse_backend
 
-    assert "stages.rl.backend: vllm" in backend_problem("vllm", "cpu")
-    assert backend_problem("vllm", "cuda:0") is None and backend_problem("hf", "cpu") is None
+    with pytest.raises(BadInput, match="stages.rl.backend: vllm"):
+        refuse_backend("vllm", "cpu", "stages.rl")
+    with pytest.raises(BadInput, match="stages.distill.backend: vllm"):
+        refuse_backend("vllm", "cpu", "stages.distill")
+    refuse_backend("vllm", "cuda:0", "stages.rl")
+    refuse_backend("hf", "cpu", "stages.rl")
 
 
 def test_settings_that_would_do_nothing_are_refused():

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from stagewise.recipe import load_recipe
 from stagewise.recipe.doctor import diagnose, summary
 from stagewise.recipe.doctor.training_rules import scaled_sft_lr
-from stagewise.recipe import load_recipe
 
 RECIPES = Path(__file__).resolve().parents[3] / "recipes"
 TINY = RECIPES / "tiny.yaml"

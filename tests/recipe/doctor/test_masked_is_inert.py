@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from stagewise.data.content_hash import step_hash
 from stagewise.data.errors import BadInput
 from stagewise.flows import rl
 from stagewise.recipe import load_recipe
 from stagewise.recipe.doctor import diagnose
-from stagewise.data.content_hash import step_hash
 
 TINY = Path(__file__).resolve().parents[3] / "recipes" / "tiny.yaml"
 

@@ -281,9 +281,8 @@ def validate(argv: list[str], world_size: int, read: list[str] = ()):
 def run_tokenizer(cfg, probe: dict) -> dict:
     """Step 9: the validated config's tokenizer built as a training run builds it, and what it makes of
     `probe` (its text and its conversation); an error is the result, not raised."""
-    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
-
     from megatron.bridge.training.setup import _validate_and_set_vocab_size
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 
     try:
         tok = build_tokenizer(cfg.tokenizer)

@@ -38,10 +38,9 @@ import importlib.metadata as md
 import json
 import sys
 
-from pydantic import ValidationError
-
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.openai_utils import NeMoGymResponse
+from pydantic import ValidationError
 from responses_api_agents.simple_agent.app import SimpleAgentRunRequest, SimpleAgentVerifyRequest
 
 RESPONSE = {  # the policy's answer stands in as one completed assistant message
