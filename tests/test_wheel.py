@@ -136,7 +136,7 @@ def test_the_wheel_holds_only_the_stagewise_package_and_its_data(wheel):
     shipped_recipes = {n.removeprefix("stagewise/recipes/") for n in names if n.startswith("stagewise/recipes/")}
     assert "tiny.yaml" in shipped_recipes and shipped_recipes == {p.name for p in (REPO_ROOT / "recipes").glob("*.yaml")}
     task_data = {n.removeprefix("stagewise/eval/benchmarks/data/") for n in names if n.startswith("stagewise/eval/benchmarks/data/")}
-    assert task_data and task_data == {p.name for p in (REPO_ROOT / "eval" / "tasks" / "data").glob("*.jsonl")}
+    assert task_data and task_data == {p.name for p in (REPO_ROOT / "eval" / "benchmarks" / "data").glob("*.jsonl")}
 
 
 def test_only_the_installed_stagewise_is_importable(installed):

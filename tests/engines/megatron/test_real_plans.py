@@ -143,7 +143,8 @@ def _checked_plans(recipe: Path, sets: list[str], stages: tuple[str, ...]) -> li
         return made[-1]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(translate, "plan_megatron", record)
+        mp.setattr(translate, "plan_megatron", record)  # the translations' own calls
+        mp.setattr(checks, "plan_megatron", record)  # the checks' direct call (imported by name)
         for stage in stages:
             assert checks.megatron_problems(r, stage) == [], stage
     return made
