@@ -189,7 +189,7 @@ def data_pack(
     if not source.is_file():
         raise BadInput(f"not found: {source}")
     from stagewise.data.sft_config import PackingConfig
-    from stagewise.data.sft_data import pack_conversations, save_packed
+    from stagewise.data.sft_packs import pack_conversations, save_packed
 
     switch = _switch(reasoning_switch)
     tok = _chat_tokenizer(tokenizer)

@@ -33,7 +33,7 @@ from stagewise.data.reasoning_switch import SwitchSetting
 from stagewise.data.row_files import read_jsonl as rows
 from stagewise.data.sft_blend import sample_blend
 from stagewise.data.sft_config import CurateConfig, PackingConfig, SFTBlend, SFTDataSource
-from stagewise.data.sft_data import pack_conversations, save_packed
+from stagewise.data.sft_packs import pack_conversations, save_packed
 from stagewise.data.sft_rows import CurationInput
 
 IM_END = "<|im_end|>"

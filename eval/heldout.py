@@ -33,7 +33,7 @@ import torch
 from stagewise.data.chat import chat_text, turn_end_token
 from stagewise.data.reasoning_switch import SwitchSetting
 from stagewise.data.sft_config import PackingConfig
-from stagewise.data.sft_data import KEYS, pack_conversations
+from stagewise.data.sft_packs import KEYS, pack_conversations
 from stagewise.eval.metric_names import ANSWER_SCORES
 from stagewise.model.objectives.sft import IGNORE
 from stagewise.model.packed import causal_lm, packed_hidden

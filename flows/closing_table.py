@@ -11,7 +11,7 @@ the gate decisions. A stage adds its row by returning a StageResult with a summa
 
 Histories are read here, through the Tracker, from the run that trained each stage (a reused
 stage's `trained_in_run`: its own run re-logs only its final metrics), and handed to
-eval/report.py as plain data. A stage that did not run, or logged none of its signals, has no panel.
+eval/pipeline_report.py as plain data. A stage that did not run, or logged none of its signals, has no panel.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from stagewise.eval.pipeline_report import SignalPanel, pipeline_report
 from stagewise.eval.plots import stage_summary_plot
-from stagewise.eval.report import SignalPanel, pipeline_report
 from stagewise.flows.registry import REGISTRY
 from stagewise.refs import StageResult
 from stagewise.store.tracking import Tracker
 
 if TYPE_CHECKING:
-    from stagewise.eval.report import SignalPanel
+    from stagewise.eval.pipeline_report import SignalPanel
 
 COLUMNS = ("stage", "metric", "before", "after", "higher_is_better", "tokens", "seconds", "run_id")
 
@@ -86,7 +86,7 @@ def render(rows: list[dict]) -> str:
 
 def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult], workdir: str | Path) -> list[dict]:
     """Keep the table in the pipeline's MLflow run (JSON rows, text, chart) and the one-page
-    report (eval/report.py: PNG + self-contained HTML) there and under `<workdir>/reports/`."""
+    report (eval/pipeline_report.py: PNG + self-contained HTML) there and under `<workdir>/reports/`."""
     rows = closing_rows(results)
     tracker.log_json(run_id, {"stages": rows}, "reports/closing_table.json")
     tracker.log_text(run_id, render(rows) + "\n", "reports/closing_table.txt")

@@ -89,7 +89,7 @@ class Upstream(BaseModel):
 
 @dataclass(frozen=True)
 class Signal:
-    """A panel of the pipeline report (eval/report.py): metrics a stage's training logs per step,
+    """A panel of the pipeline report (eval/pipeline_report.py): metrics a stage's training logs per step,
     drawn on their own axes, one line per metric and run."""
 
     title: str

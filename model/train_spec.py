@@ -21,7 +21,7 @@ from stagewise.data.loader import PretrainBatches
 from stagewise.data.long_context import LongContextBatches
 from stagewise.data.long_context_config import LongContextDataConfig
 from stagewise.data.prepare import PreparedData
-from stagewise.data.sft_data import PackedBatches, load_packed
+from stagewise.data.sft_packs import PackedBatches, load_packed
 from stagewise.data.shards import TokenShard
 from stagewise.model.build import build_model
 from stagewise.model.config import LoRAConfig, ModelConfig, TrainConfig
@@ -42,7 +42,7 @@ class ShardData(BaseModel):
 
 
 class PackedData(BaseModel):
-    """SFT data: conversations rendered and packed into rows (an .npz of data/sft_data.py)."""
+    """SFT data: conversations rendered and packed into rows (an .npz of data/sft_packs.py)."""
 
     kind: Literal["packed"] = "packed"
     rows: str

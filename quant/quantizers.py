@@ -5,7 +5,7 @@ export) goes through `plan_config`, so a format means the same quantizers everyw
 the operator's input activations both in the format (W4A4 NVFP4, W8A8 FP8), per-tensor FP8 scales,
 NVFP4 blocks of 16 along the reduction dimension with E4M3 block scales. Which modelopt preset a
 format takes is the format's own (`QuantFormat.modelopt_preset`, quant/formats/). On a CPU, NVFP4
-entries use our PyTorch fake quantization (quant/nvfp4.py: modelopt's dynamic NVFP4 needs CUDA);
+entries use our PyTorch fake quantization (quant/nvfp4_emulation.py: modelopt's dynamic NVFP4 needs CUDA);
 on a GPU modelopt's own kernels.
 """
 
@@ -15,11 +15,11 @@ import copy
 from typing import Any
 
 from stagewise.quant.formats import format_named
-from stagewise.quant.nvfp4 import with_cpu_backend
+from stagewise.quant.nvfp4_emulation import with_cpu_backend
 
 
 def _preset(fmt: str, device: str) -> dict[str, Any]:
-    """modelopt's preset config for `fmt`; on a CPU, NVFP4 through our emulation (quant/nvfp4.py)."""
+    """modelopt's preset config for `fmt`; on a CPU, NVFP4 through our emulation (quant/nvfp4_emulation.py)."""
     import modelopt.torch.quantization as mtq  # noqa: PLC0415 (nvidia-modelopt: 7-12 s to import, only where a model is quantized)
 
     spec = format_named(fmt)

@@ -20,7 +20,7 @@ from prefect import task
 
 from stagewise.data.atomic import building
 from stagewise.data.content_hash import step_hash
-from stagewise.data.world.rl_rows import generate_rl_world
+from stagewise.data.world.rl_prompts import generate_rl_world
 from stagewise.eval.plots import pass_rate_histogram
 from stagewise.eval.rl_scoring import HELDOUT_KIND, heldout_scores, heldout_spec
 from stagewise.eval.rl_wiring import RL_DATA_VERSION, RLWiring

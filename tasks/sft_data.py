@@ -9,7 +9,7 @@ Every output lies in a directory named by a hash of its inputs (Marin's rule): r
 with the same inputs finds it and does nothing; any change makes a new one. Tasks hand
 each other small refs (paths + digests), never conversations or tensors. The libraries do
 the work (data/world/conversations.py, and data/sft_assembly.py over data/curate,
-data/sft_blend.py and data/sft_data.py); these tasks name the directories, log to MLflow and
+data/sft_blend.py and data/sft_packs.py); these tasks name the directories, log to MLflow and
 refuse bad data with a message that names the recipe field. Metrics (all at step 0 of the SFT stage run):
 `sft/curate/<source>/{total,kept,reject_rate,<reason>}`,
 `sft/<substage>/{pack_efficiency,packs,dropped,supervised_tokens,conversations,reasoning_off}`,

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from stagewise.data.config import WORLD_PREFIX
-from stagewise.data.world.rl_rows import ENVIRONMENTS
+from stagewise.data.world.rl_prompts import ENVIRONMENTS
 from stagewise.engines import PLACEHOLDER
 from stagewise.engines.nemo_rl.translate import (
     MlflowTarget,

@@ -55,7 +55,7 @@ class RolloutBatch(dict):
     response_mask [n, L-1] float (1 where the target input_ids[:, 1:] is a response token),
     advantages [n], rollout_logprobs [n, L-1] (0 outside the response), and optionally
     old_logprobs / ref_logprobs [n, L-1]. `advantages` may also be per token, [n, L-1]
-    (on-policy distillation, model/objectives/distill.py). Like data/sft_data.py's PackedBatch it answers the
+    (on-policy distillation, model/objectives/distill.py). Like data/sft_packs.py's PackedBatch it answers the
     engine's three tensor calls (`.to`, `.split`, `.device`), splitting every tensor on dim 0."""
 
     def to(self, device, non_blocking: bool = False) -> "RolloutBatch":

@@ -1,6 +1,6 @@
 """Supervised fine-tuning on packed conversations, with the two normalisations of ALGORITHMS.md 4.
 
-A micro-batch is a dict of [rows, pack_size] tensors from data/sft_data.py: input_ids,
+A micro-batch is a dict of [rows, pack_size] tensors from data/sft_packs.py: input_ids,
 labels (already shifted: labels[t] is the target of position t, -100 where unsupervised
 and at every conversation's last position), position_ids (restarting per conversation)
 and seq_idx (conversation number within the row). The forward is model/packed.py's, so

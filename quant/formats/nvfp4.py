@@ -4,7 +4,7 @@ FP32 scale per tensor; weights and input activations both (W4A4).
 In the export a weight is U8, two E2M1 codes a byte (low nibble = even column), with `weight_scale`
 F8_E4M3 [rows, cols/16] and `weight_scale_2` / `input_scale` FP32 scalars of amax / (6 * 448)
 (docs/STACK.md). Storage: 4 bits per element plus an 8-bit block scale per 16 elements. On a CPU
-modelopt cannot run it after calibration; quant/nvfp4.py emulates it there.
+modelopt cannot run it after calibration; quant/nvfp4_emulation.py emulates it there.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from stagewise.quant.formats.spec import QuantFormat, Tensors
-from stagewise.quant.nvfp4 import E2M1_MAX, E4M3_MAX
+from stagewise.quant.nvfp4_emulation import E2M1_MAX, E4M3_MAX
 
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 """FP4 (E2M1) code -> value; bit 3 is the sign."""

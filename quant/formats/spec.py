@@ -51,7 +51,7 @@ class QuantFormat:
     """(tensors, base) -> (weight amax, input amax) of `<base>weight`'s quantizers, from its exported
     scales: the loader sets the quantizers' ranges from them instead of recalibrating."""
     cpu_emulated: bool = False
-    """Whether modelopt cannot run it on a CPU and quant/nvfp4.py's PyTorch emulation stands in
+    """Whether modelopt cannot run it on a CPU and quant/nvfp4_emulation.py's PyTorch emulation stands in
     (the report's `emulated`)."""
 
     @property

@@ -22,7 +22,7 @@ from stagewise.data.reasoning_switch import (
     switched,
 )
 from stagewise.data.sft_config import PackingConfig
-from stagewise.data.sft_data import encode, pack_conversations
+from stagewise.data.sft_packs import encode, pack_conversations
 
 TEMPLATES = Path(__file__).parent / "templates"
 FLAG = SystemFlagSwitch(when_off="/no_think", when_on="/think")

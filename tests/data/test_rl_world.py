@@ -9,7 +9,13 @@ import pytest
 
 from stagewise.data.rl_rows import prompt_key, prompt_messages, read_rows
 from stagewise.data.world.calculator import evaluate
-from stagewise.data.world.rl_rows import ENVIRONMENTS, RL_DOMAINS, domain_rows, generate_rl_world, reference_completion
+from stagewise.data.world.rl_prompts import (
+    ENVIRONMENTS,
+    RL_DOMAINS,
+    domain_rows,
+    generate_rl_world,
+    reference_completion,
+)
 from stagewise.eval.environments import get_environment
 
 DOMAIN_ENVS = {"arithmetic": {"exact_answer"}, "format": {"json_answer", "uppercase"},
@@ -97,7 +103,7 @@ def test_max_digits_and_format_kinds_keep_rows_within_reach(tmp_path):
     import re
 
     from stagewise.data.rl_rows import prompt_messages, read_rows
-    from stagewise.data.world.rl_rows import generate_rl_world
+    from stagewise.data.world.rl_prompts import generate_rl_world
 
     paths = generate_rl_world(tmp_path, seed=3, per_domain=40, eval_fraction=0.2, n_entities=50, max_digits=1,
                               format_kinds=("json_answer",))

@@ -218,7 +218,7 @@ def test_make_chat_start_keeps_a_checkpoints_own_template(checkpoint, tmp_path):
 
 
 def test_blend_and_pack_with_a_previous_sample(sources, chat_tokenizer_dir, tmp_path):
-    from stagewise.data.sft_data import load_packed
+    from stagewise.data.sft_packs import load_packed
 
     files = {"arith": str(sources / "arith.jsonl"), "sort": str(sources / "sort.jsonl")}
     domains = {"arith": "arithmetic", "sort": "sorting"}

@@ -320,7 +320,7 @@ def template_of(ckpt: Path) -> tuple:
 
 
 def load_rows(path: Path) -> dict:
-    from stagewise.data.sft_data import load_packed
+    from stagewise.data.sft_packs import load_packed
 
     return load_packed(path)
 

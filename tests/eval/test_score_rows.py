@@ -78,7 +78,7 @@ def test_a_row_without_an_environment_is_refused_before_the_model_loads(tmp_path
 
 
 def test_the_cli_scores_the_demo_worlds_rows_and_prints_json(tmp_path, tiny_checkpoint):
-    from stagewise.data.world.rl_rows import generate_rl_world
+    from stagewise.data.world.rl_prompts import generate_rl_world
 
     paths = generate_rl_world(tmp_path / "world", seed=3, per_domain=20, eval_fraction=0.3)
     result = runner.invoke(app, ["eval", str(tiny_checkpoint), "--rows", str(paths["eval"]), "--samples", "2",

@@ -37,7 +37,7 @@ def test_the_split_depends_on_the_prompt_and_seed_only():
 def test_an_sft_conversation_and_the_rl_row_asking_the_same_are_on_the_same_side():
     from stagewise.data.rl_rows import prompt_key as row_key
     from stagewise.data.world.conversations import domain_conversations
-    from stagewise.data.world.rl_rows import _row
+    from stagewise.data.world.rl_prompts import _row
 
     convs = domain_conversations("arithmetic", 60, seed=5)
     for i, conv in enumerate(convs):

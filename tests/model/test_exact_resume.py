@@ -157,7 +157,7 @@ def test_long_context_resume_is_bit_identical(tmp_path, model_factory):
 
 
 def packed_rows(n: int = 24, pack: int = SEQ, seed: int = 0) -> dict[str, np.ndarray]:
-    """Rows shaped like data/sft_data.py's: 2-3 conversations per row, the answer half supervised."""
+    """Rows shaped like data/sft_packs.py's: 2-3 conversations per row, the answer half supervised."""
     rng = np.random.default_rng(seed)
     ids = np.zeros((n, pack), np.int64)
     labels = np.full((n, pack), -100, np.int64)
@@ -178,7 +178,7 @@ def packed_rows(n: int = 24, pack: int = SEQ, seed: int = 0) -> dict[str, np.nda
 
 @pytest.mark.parametrize("normalization", ["token", "conversation"])
 def test_packed_sft_resume_is_bit_identical(tmp_path, model_factory, normalization):
-    from stagewise.data.sft_data import PackedBatches
+    from stagewise.data.sft_packs import PackedBatches
 
     rows = packed_rows()
 
@@ -195,7 +195,7 @@ def test_packed_sft_resume_is_bit_identical(tmp_path, model_factory, normalizati
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 def test_lora_resume_is_bit_identical(tmp_path, model_factory, dropout):
     """LoRA dropout draws from the global torch RNG every step: only a restored RNG repeats it."""
-    from stagewise.data.sft_data import PackedBatches
+    from stagewise.data.sft_packs import PackedBatches
     from stagewise.model.lora import apply_lora, lora_trainer_class
 
     rows = packed_rows()

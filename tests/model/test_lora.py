@@ -73,7 +73,7 @@ def _packed_rows(n: int = 32, length: int = 16) -> dict:
 
 
 def _lora_trainer(model_factory, out_dir, logs, steps=6):
-    from stagewise.data.sft_data import PackedBatches
+    from stagewise.data.sft_packs import PackedBatches
     from stagewise.model.config import TrainConfig
     from stagewise.model.lora import lora_trainer_class
     from stagewise.model.objectives.sft import SFTObjective

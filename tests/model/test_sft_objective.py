@@ -174,7 +174,7 @@ def test_mtp_heads_train_without_crossing_conversations(model_factory):
 
 def test_the_engine_trains_packed_batches_unchanged(model_factory, tmp_path):
     """model.trainer.Trainer takes PackedBatches + SFTObjective as they are (no engine change)."""
-    from stagewise.data.sft_data import PackedBatches
+    from stagewise.data.sft_packs import PackedBatches
     from stagewise.model.config import TrainConfig
     from stagewise.model.trainer import Trainer
 

@@ -123,7 +123,7 @@ def _sub(name: str, **kw) -> SFTSubStage:
 
 
 def test_blend_pack_with_keep_previous(world, checkpoint):
-    from stagewise.data.sft_data import load_packed
+    from stagewise.data.sft_packs import load_packed
 
     workdir, world_dir = world
     curated = run(curate_task, SOURCES, CurateConfig(), str(world_dir), str(workdir), str(workdir))

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from stagewise.data.rl_rows import read_rows
-from stagewise.data.world.rl_rows import ENVIRONMENTS, generate_rl_world
+from stagewise.data.world.rl_prompts import ENVIRONMENTS, generate_rl_world
 from stagewise.engines.config import EngineEnv, LaunchConfig, NemoGym
 from stagewise.engines.nemo_rl.stage import gym_environments, rl_plan, row_agents
 from stagewise.engines.nemo_rl.translate import AGENT_TYPE, MlflowTarget, unsupported

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from stagewise.eval.report import SignalPanel, continued, pipeline_report, report_figure
+from stagewise.eval.pipeline_report import SignalPanel, continued, pipeline_report, report_figure
 from tests.eval.test_plots import ROWS  # the same closing table as the chart tests
 
 # long context counts its tokens from its own start; the report continues it after pretraining

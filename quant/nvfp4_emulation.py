@@ -13,7 +13,7 @@ The rule, per tensor x with absolute max `amax` (or the quantizer's calibrated a
   fake-quantized x = q * sb * s2, in x's dtype.
 It is bit-exact with modelopt's pure-torch reference (NVFP4QTensor.quantize + dequantize).
 
-    from stagewise.quant.nvfp4 import with_cpu_backend
+    from stagewise.quant.nvfp4_emulation import with_cpu_backend
     mtq.quantize(model, with_cpu_backend(mtq.NVFP4_DEFAULT_CFG), forward_loop)
 """
 

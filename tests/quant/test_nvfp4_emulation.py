@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from stagewise.quant.nvfp4 import BACKEND, fake_quant_nvfp4, register_cpu_backend, with_cpu_backend
+from stagewise.quant.nvfp4_emulation import BACKEND, fake_quant_nvfp4, register_cpu_backend, with_cpu_backend
 
 MIDPOINTS = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
 

@@ -13,9 +13,9 @@ import subprocess
 import numpy as np
 import pytest
 from matplotlib import image
-
-from stagewise.eval.report import pipeline_report
 from tests.eval.test_report import CURVES, GATES, ROWS, SIGNALS
+
+from stagewise.eval.pipeline_report import pipeline_report
 
 
 def _chromium() -> str:

@@ -9,7 +9,7 @@ import torch
 from stagewise.data.loader import DataExhausted
 from stagewise.data.packing import IGNORE
 from stagewise.data.sft_config import PackingConfig
-from stagewise.data.sft_data import KEYS, PackedBatches, load_packed, pack_conversations, save_packed
+from stagewise.data.sft_packs import KEYS, PackedBatches, load_packed, pack_conversations, save_packed
 from stagewise.data.world.conversations import domain_conversations
 
 
