@@ -291,7 +291,7 @@ def test_the_pipeline_runs_closing_table_and_mlflow_link_render_in_the_prefect_u
     from html import unescape
 
     from mlflow import MlflowClient
-    from tests.eval.test_report_browser import _chromium
+    from tests.eval.test_pipeline_report_browser import _chromium
 
     from stagewise.flows import merge, pretrain
 
@@ -358,7 +358,7 @@ def test_the_pipeline_runs_closing_table_and_mlflow_link_render_in_the_prefect_u
 
 @pytest.mark.slow
 def test_the_ui_run_page_renders_the_parameter_form_in_chromium(server, served, tmp_path, tmp_path_factory):
-    from tests.eval.test_report_browser import _chromium
+    from tests.eval.test_pipeline_report_browser import _chromium
 
     browser = _chromium()
     # the page the deployment's Run button opens; the UI is served next to the API, at the server's root

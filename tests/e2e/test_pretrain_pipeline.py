@@ -146,7 +146,7 @@ def test_the_pipeline_run_keeps_the_closing_table(pipeline_run, tmp_path):
         "reports/pipeline_report.png", "reports/pipeline_report.html"}
     html = Path(summary["workdir"]) / "reports" / "pipeline_report.html"
     assert "long_context" in html.read_text() and "data:image/png;base64," in html.read_text()
-    from tests.eval.test_report_browser import check_in_chromium
+    from tests.eval.test_pipeline_report_browser import check_in_chromium
 
     check_in_chromium(html, tmp_path / "pipeline_report_screenshot.png")  # a person opens it in a browser
     table = json.loads(Path(client.download_artifacts(parent, "reports/closing_table.json")).read_text())
