@@ -291,9 +291,9 @@ def test_the_pipeline_runs_closing_table_and_mlflow_link_render_in_the_prefect_u
     from html import unescape
 
     from mlflow import MlflowClient
-    from tests.eval.test_pipeline_report_browser import _chromium
 
     from stagewise.flows import merge, pretrain
+    from tests.eval.test_pipeline_report_browser import _chromium
 
     browser = _chromium()
     run, workdir = two_stage

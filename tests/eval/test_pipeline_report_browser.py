@@ -13,9 +13,9 @@ import subprocess
 import numpy as np
 import pytest
 from matplotlib import image
-from tests.eval.test_pipeline_report import CURVES, GATES, ROWS, SIGNALS
 
 from stagewise.eval.pipeline_report import pipeline_report
+from tests.eval.test_pipeline_report import CURVES, GATES, ROWS, SIGNALS
 
 
 def _chromium() -> str:
