@@ -8,7 +8,7 @@ So unless `--verbose`, the terminal keeps
 
     every record at ERROR or above, whoever logs it;
     records of our code (the `stagewise` loggers, and the Prefect run loggers when our code is the
-    caller: `tasks.policy.run_logger`) at INFO and above;
+    caller: `store.policy.run_logger`) at INFO and above;
     Prefect's own records at WARNING and above;
 
 and drops library progress bars (tqdm, which they all use; ours are rich) and library `print`s
