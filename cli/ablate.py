@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from stagewise.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt, VerboseOpt
-from stagewise.cli.output import emit, guarded
+from stagewise.cli.output import debugging, emit, guarded
 
 
 @guarded
@@ -62,7 +62,7 @@ def ablate_cmd(
     from stagewise.flows.ablate import run_ablation
 
     first = plan.loaded[plan.variants[0].name].recipe
-    result = run_ablation(plan, parallel, on_start=lambda: start_run_log(first.workdir, verbose))
+    result = run_ablation(plan, parallel, on_start=lambda: start_run_log(first.workdir, verbose, debugging(debug)))
 
     def text() -> None:
         from stagewise.eval.ablation import render_text

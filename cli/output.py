@@ -87,6 +87,11 @@ def fail(message: str, code: int, as_json: bool) -> None:
     raise typer.Exit(code)
 
 
+def debugging(flag: bool = False) -> bool:
+    """Whether this command shows tracebacks: its --debug, the top-level `stagewise --debug`, or STAGEWISE_DEBUG=1."""
+    return flag or DEBUG["on"] or os.environ.get("STAGEWISE_DEBUG", "") not in ("", "0")
+
+
 def guarded(fn: Callable) -> Callable:
     """Map exceptions to exit codes: bad input 2 (message only), a failure 1 (+ traceback on --debug).
 
@@ -97,7 +102,7 @@ def guarded(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = bool(kwargs.get("as_json"))
-        debug = bool(kwargs.get("debug")) or DEBUG["on"] or os.environ.get("STAGEWISE_DEBUG", "") not in ("", "0")
+        debug = debugging(bool(kwargs.get("debug")))
         _JSON_OUT["file"] = sys.stdout
         try:
             with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from stagewise.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt, VerboseOpt, load
-from stagewise.cli.output import BadInput, emit, guarded
+from stagewise.cli.output import BadInput, debugging, emit, guarded
 from stagewise.recipe import shipped
 
 
@@ -65,7 +65,8 @@ def doctor(loaded, stages: Optional[list[str]], force: bool, label: str = "") ->
         typer.echo(label + f.line(), err=True)
 
 
-def _run(loaded, stages: Optional[str], resume: bool, force: bool = False, verbose: bool = False) -> dict:
+def _run(loaded, stages: Optional[str], resume: bool, force: bool = False, verbose: bool = False,
+         debug: bool = False) -> dict:
     from stagewise.recipe import select_stages
 
     chosen = select_stages(loaded.recipe, stages)  # bad names exit 2 before Prefect starts
@@ -77,7 +78,7 @@ def _run(loaded, stages: Optional[str], resume: bool, force: bool = False, verbo
 
     log: list[Path] = []  # the log file opens once every check passed: a refused run leaves no workdir
     summary = run_pipeline(loaded, stages=chosen, resume=resume,
-                           on_start=lambda: log.append(start_run_log(loaded.recipe.workdir, verbose)))
+                           on_start=lambda: log.append(start_run_log(loaded.recipe.workdir, verbose, debugging(debug))))
     return {**summary, "log_file": str(log[0].resolve()) if log else None}
 
 
@@ -110,7 +111,7 @@ def run(
       stagewise run recipes/tiny.yaml --set runtime.device=cpu --json
     """
     loaded = load(recipe, overrides)
-    result = _run(loaded, stages, resume, force, verbose)
+    result = _run(loaded, stages, resume, force, verbose, debug)
     emit(result, as_json, lambda: _closing(result))
 
 
@@ -132,7 +133,7 @@ def demo(
       stagewise demo --set stages.pretrain.tokens=491520
     """
     loaded = load(shipped_recipe("tiny"), overrides)
-    result = _run(loaded, None, resume, verbose=verbose)
+    result = _run(loaded, None, resume, verbose=verbose, debug=debug)
     workdir = result.get("workdir", str(Path(loaded.recipe.workdir).resolve()))
     uri = result.get("tracking_uri") or f"sqlite:///{Path(workdir) / 'mlflow.db'}"
     result = {**result, "mlflow_ui": f"mlflow ui --backend-store-uri {uri}"}

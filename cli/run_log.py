@@ -6,7 +6,9 @@ task run ("Beginning flow run", "Finished in state Completed()"), transformers' 
 warnings, FutureWarnings and UserWarnings, weight-loading, lm-eval and modelopt progress bars.
 So unless `--verbose`, the terminal keeps
 
-    every record at ERROR or above, whoever logs it;
+    every record at ERROR or above, whoever logs it, but Prefect's exception records (a failed task or
+    flow run's traceback, and its "Finished in state Failed" lines for bad input): the command ends
+    with the error in one line (cli/output.py `guarded`: exit 2 for bad input), `--debug` shows them;
     records of our code (the `stagewise` loggers, and the Prefect run loggers when our code is the
     caller: `store.policy.run_logger`) at INFO and above;
     Prefect's own records at WARNING and above;
@@ -29,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from stagewise.data.errors import BadInput
+
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 LIBRARIES_THAT_PRINT = ("modelopt", "transformers", "accelerate", "peft", "datasets", "lm_eval", "torch")
 """Top-level packages whose `print` calls a quiet run sends to the log file (`<package>.print` logger)."""
@@ -38,15 +42,18 @@ WORKER_STDERR_ENV = "STAGEWISE_WORKER_STDERR"
 
 
 class TerminalFilter(logging.Filter):
-    """The rule of the module docstring, on a terminal handler."""
+    """The rule of the module docstring, on a terminal handler (`tracebacks`: keep Prefect's exception records)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracebacks: bool = False) -> None:
         import prefect
 
         super().__init__()
         self.prefect_dir = str(Path(prefect.__file__).parent) + os.sep
+        self.tracebacks = tracebacks
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("prefect") and not self.tracebacks and _reports_a_failure(record):
+            return False
         if record.levelno >= logging.ERROR:
             return True
         if record.name == "stagewise" or record.name.startswith("stagewise."):
@@ -56,6 +63,14 @@ class TerminalFilter(logging.Filter):
             run_line = record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
             return record.levelno >= logging.WARNING or (run_line and ours and record.levelno >= logging.INFO)
         return False
+
+
+def _reports_a_failure(record: logging.LogRecord) -> bool:
+    """A Prefect record that repeats a failure the command reports itself: one carrying a traceback, or
+    one whose text names our BadInput (e.g. "Finished in state Failed('... BadInput: ...')")."""
+    if record.exc_info:
+        return True
+    return record.levelno >= logging.ERROR and BadInput.__name__ in record.getMessage()
 
 
 def quiet_libraries(verbose: bool) -> None:
@@ -92,9 +107,10 @@ def library_prints_to_log() -> None:
     builtins.print = print_or_log
 
 
-def start_run_log(workdir: str | Path, verbose: bool) -> Path:
+def start_run_log(workdir: str | Path, verbose: bool, tracebacks: bool = False) -> Path:
     """Route every record to a new log file under `<workdir>/logs/` and, unless `verbose`, filter the
-    terminal by TerminalFilter. Returns the log file's path. Called once the run's input has passed
+    terminal by TerminalFilter (`tracebacks`, from --debug: Prefect's exception records shown too).
+    Returns the log file's path. Called once the run's input has passed
     every check (flows/pipeline.py's `on_start`), after `quiet_libraries`."""
     quiet_libraries(verbose)
     import prefect.main  # noqa: F401 - Prefect configures logging here (its console on the root logger), and
@@ -119,6 +135,6 @@ def start_run_log(workdir: str | Path, verbose: bool) -> Path:
         os.environ[WORKER_STDERR_ENV] = str(path)
         for handler in root.handlers:
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                handler.addFilter(TerminalFilter())
+                handler.addFilter(TerminalFilter(tracebacks))
     root.addHandler(to_file)
     return path

@@ -82,3 +82,49 @@ def test_a_quiet_run_keeps_the_rest_in_the_log_file(tmp_path, verbose):
         assert (line in proc.stderr) is verbose, (line, proc.stderr)
     # a library's print: on the terminal only when verbose, else in the log file (colour codes stripped)
     assert ("A MODELOPT PRINT" in proc.stdout) is verbose and ("A MODELOPT PRINT" in kept) is not verbose
+
+
+FAILING = """
+import sys
+from stagewise.cli.run_log import start_run_log
+path = start_run_log(sys.argv[1], verbose=False, tracebacks=sys.argv[2] == "debug")
+from prefect import flow, task
+from stagewise.data.errors import BadInput
+
+@task
+def curate():
+    raise BadInput("conversation 'c1': A BAD ROW")
+
+@flow
+def pipeline():
+    curate()
+
+try:
+    pipeline()
+except BadInput as e:
+    print("THE COMMAND SAYS:", e, file=sys.stderr)
+print(path)
+"""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_bad_input_in_a_task_leaves_its_tracebacks_in_the_log_file(tmp_path, debug):
+    """Prefect logs a failed task's and flow's exception with its traceback and a "Finished in state
+    Failed(... BadInput ...)" line per run; a quiet terminal shows the command's one line, the log file
+    all of it, and --debug the tracebacks too."""
+    proc = subprocess.run([sys.executable, "-c", FAILING, str(tmp_path / "work"), "debug" if debug else "quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = Path(proc.stdout.strip().splitlines()[-1]).read_text()
+    assert "Traceback (most recent call last)" in kept and "A BAD ROW" in kept and "Failed" in kept
+    assert "THE COMMAND SAYS: conversation 'c1': A BAD ROW" in proc.stderr
+    assert ("Traceback (most recent call last)" in proc.stderr) is debug, proc.stderr[-3000:]
+    assert (proc.stderr.count("A BAD ROW") > 1) is debug, proc.stderr[-3000:]  # quiet: the command's line alone
+
+
+def test_prefect_failure_records_are_dropped_unless_tracebacks_are_asked_for():
+    failed = logging.LogRecord("prefect.task_runs", logging.ERROR, PREFECT_FILE, 1,
+                               "Finished in state Failed('Task run encountered an exception BadInput: x')", None, None)
+    other = logging.LogRecord("prefect.flow_runs", logging.ERROR, PREFECT_FILE, 1, "Crashed: out of memory", None, None)
+    assert TerminalFilter().filter(failed) is False and TerminalFilter(tracebacks=True).filter(failed) is True
+    assert TerminalFilter().filter(other) is True  # a failure that is not bad input still shows its line

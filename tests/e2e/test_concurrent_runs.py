@@ -50,9 +50,10 @@ def _start(server, workdir: Path, *extra: str) -> subprocess.Popen:
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 900) -> tuple[int, dict | None, str]:
+    """(exit code, the --json document: the summary, or {"ok": false, "error": ...} on a failure, stderr)."""
     out, err = proc.communicate(timeout=timeout)
-    summary = json.loads(out[out.index("{"):]) if proc.returncode == 0 else None
-    return proc.returncode, summary, err
+    document = json.loads(out[out.index("{"):]) if "{" in out else None
+    return proc.returncode, document, err
 
 
 def _handed_on(summary: dict) -> Path:
@@ -86,9 +87,11 @@ def test_two_runs_on_one_workdir_build_each_step_once_and_a_killed_holder_is_tak
     (interrupted,) = killed_dir.glob("stages/pretrain-*")
     assert (interrupted / ".lease").exists() and not (interrupted / "finished.json").exists()
 
-    rc, _, err = _finish(_start(server, killed_dir))
+    rc, failed, err = _finish(_start(server, killed_dir))
     assert rc == 1 and "stopped building" in err and "takes the step over" in err, err[-3000:]
-    assert f"{interrupted} holds an interrupted run" in err and "pass --resume" in err
+    assert failed is not None and failed["ok"] is False, (failed, err[-3000:])  # --json: the error is the document
+    assert f"{interrupted} holds an interrupted run" in failed["error"] and "pass --resume" in failed["error"]
+    assert "Traceback" not in err  # Prefect's exception records went to the run's log file
     rc, resumed, err = _finish(_start(server, killed_dir, "--resume"))
     assert rc == 0, err[-3000:]
     assert read_meta(_handed_on(resumed)).weight_sha256 == alone  # as if never interrupted, nor shared
