@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 
@@ -171,6 +171,10 @@ def data_pack(
         None, "--reasoning-switch", help="How the template turns reasoning off, as the recipe's tokenizer.reasoning_switch "
         "(YAML): auto (the default), '{kind: system_flag, when_off: /no_think, when_on: /think}', "
         "'{kind: kwarg, name: enable_thinking}' or '{kind: none}'."),
+    reasoning_content: Literal["keep", "drop"] = typer.Option(
+        "keep", "--reasoning-content", help="keep: train the assistant turns' reasoning traces; drop: discard them and "
+        "train the final responses (the recipe's stages.sft.data.reasoning_content; for a template that writes no "
+        "reasoning, e.g. Llama 3.1's)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the packed rows here (.npz)."),
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,
@@ -190,11 +194,14 @@ def data_pack(
         raise BadInput(f"not found: {source}")
     from stagewise.data.sft_config import PackingConfig
     from stagewise.data.sft_packs import pack_conversations, save_packed
+    from stagewise.data.sft_rows import without_reasoning
 
     switch = _switch(reasoning_switch)
     tok = _chat_tokenizer(tokenizer)
-    packed = pack_conversations(_read_conversations(source), tok, PackingConfig(pack_size=pack_size), reasoning_off, seed,
-                                switch)
+    convs = _read_conversations(source)
+    if reasoning_content == "drop":
+        convs = [without_reasoning(c) for c in convs]
+    packed = pack_conversations(convs, tok, PackingConfig(pack_size=pack_size), reasoning_off, seed, switch)
     summary = packed.to_dict()
     if out is not None:
         summary["out"] = str(save_packed(out, packed.rows))

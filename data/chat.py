@@ -50,7 +50,7 @@ from transformers import AutoTokenizer
 
 from stagewise.data.chat_masks import Example, derived_examples, generation_examples
 from stagewise.data.errors import BadInput
-from stagewise.data.reasoning_switch import SwitchSetting, resolve_switch, switched
+from stagewise.data.reasoning_switch import SwitchSetting, off_call_kwargs, resolve_switch, switched
 from stagewise.data.template_call import TemplateCall, has_generation_blocks, template_source
 from stagewise.data.tokenizer import load_tokenizer
 from stagewise.data.tool_arguments import arguments_form, in_form
@@ -197,7 +197,8 @@ def _named(conv: dict) -> str:
 def _prepared(messages: list[dict], tokenizer: Any, tools: list | None, reasoning: bool, switch: SwitchSetting,
               name: Callable[[], str]) -> tuple[list[dict], TemplateCall]:
     """(messages, call): the messages as the template must see them, and how to call it."""
-    messages, kwargs = switched(messages, resolve_switch(tokenizer, switch), reasoning)
+    resolved = resolve_switch(tokenizer, switch)
+    messages, kwargs = switched(messages, resolved, reasoning)
     if any(m.get("tool_calls") for m in messages):
         messages = in_form(messages, arguments_form(tokenizer), name())
-    return messages, TemplateCall(tokenizer, tools or None, kwargs, name)
+    return messages, TemplateCall(tokenizer, tools or None, kwargs, name, off_call_kwargs(resolved))

@@ -13,9 +13,18 @@ what it writes for each assistant turn, in the context it gives that turn (`deri
   trailing whitespace (the `<|im_end|>` or `<|eot_id|>` the model must learn to stop at);
   the whitespace after it (ChatML's newline) is context. A turn that ends in no added
   token has nothing to stop at and is refused.
+- a turn the template writes in its reasoning-off form while its generation prompt opens a trace
+  (Nemotron 3's: `<think></think>answer` after a tool's reply, where the prompt is `<think>\n`) is
+  taken after the template's own reasoning-off generation prompt instead (`<think></think>`, with
+  the switch's off value: TemplateCall.off_prompt), when W starts with that. That is what matches
+  inference: a model prompted with the trace opened is never asked to close it at once, while one
+  run with reasoning off is prompted with exactly that text and answers after it. W is the same
+  text either way (the switch moves only the generation prompt), so the turn trains in the one
+  sequence as the rest; a template whose switch is not a variable of its own has no such prompt.
 - the span must be the turn: its content, its reasoning trace (when one is kept) and each
   tool call's name must all be written in it (else the template drops part of the turn,
-  e.g. Llama 3.1's ignores `reasoning_content`, and training would silently lose it).
+  e.g. Llama 3.1's ignores `reasoning_content`, and training would silently lose it; the message
+  then names `reasoning_content: drop`, the SFT data's way to train such data on its answers).
 - the examples, each the template's text for a prefix of the conversation: the first is the
   whole conversation, supervising every turn whose own W is a prefix of it. A template that
   rewrites earlier turns once later ones follow (Qwen3 and Nemotron 3 drop the reasoning of
@@ -46,6 +55,9 @@ from stagewise.data.errors import BadInput
 from stagewise.data.reasoning_switch import REASONING_FIELDS
 from stagewise.data.template_call import TemplateCall
 
+DROP_HINT = ("set stages.sft.data.reasoning_content: drop (`stagewise data pack --reasoning-content drop`) to "
+             "discard the traces and train the final responses")
+"""How to train traces a template cannot write: the SFT data's field (data/sft_config.py SFTDataConfig)."""
 Example = tuple[list[int], list[int]]
 """(input_ids, mask): 1 on every supervised token."""
 
@@ -100,13 +112,20 @@ def _turn(call: TemplateCall, messages: list[dict], i: int, k: int) -> Turn:
     written = call.text(messages[:i + 1])
     turn = Turn(k, i, prompt, written)
     if not written.startswith(prompt):
-        at = _common_prefix(prompt, written)
-        _fail(call, turn, f"the template's generation prompt is not how it opens the turn (the prompt goes on "
-                          f"{prompt[at:at + 40]!r}, the turn {written[at:at + 40]!r})")
+        off = call.off_prompt(messages[:i])
+        if off is not None and written.startswith(off):  # a turn written in the template's reasoning-off form
+            turn = Turn(k, i, off, written)
+        else:
+            at = _common_prefix(prompt, written)
+            tried = " nor its reasoning-off prompt" if off is not None else ""
+            _fail(call, turn, f"the template's generation prompt{tried} is not how it opens the turn (the prompt "
+                              f"goes on {prompt[at:at + 40]!r}, the turn {written[at:at + 40]!r})")
     text = written[turn.start:turn.end]
     if not _ends_with_added_token(text, call.tokenizer):
         _fail(call, turn, f"the turn ends in no special token the model could stop at ({text[-40:]!r})")
     missing = _unwritten(messages[i], text)
+    if missing in REASONING_FIELDS:
+        _fail(call, turn, f"the template does not write the turn's {missing}: it writes {text[:80]!r}; {DROP_HINT}")
     if missing:
         _fail(call, turn, f"the template does not write the turn's {missing}: it writes {text[:80]!r}")
     return turn

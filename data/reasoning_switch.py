@@ -103,14 +103,25 @@ def switched(messages: list[dict], switch: KwargSwitch | SystemFlagSwitch | NoSw
     """(messages, template kwargs) that say `reasoning` in the model's own way (see the module docstring).
     `messages` is not modified."""
     if not reasoning:
-        messages = [{k: v for k, v in m.items() if k not in REASONING_FIELDS} if m.get("role") == "assistant" else m
-                    for m in messages]
+        messages = without_traces(messages)
     if isinstance(switch, KwargSwitch):
         return list(messages), {switch.name: switch.when_on if reasoning else switch.when_off}
     if isinstance(switch, SystemFlagSwitch):
         flag = switch.when_on if reasoning else switch.when_off
         return (with_system_flag(messages, flag) if flag else list(messages)), {}
     return list(messages), {}
+
+
+def without_traces(messages: list[dict]) -> list[dict]:
+    """`messages` with every assistant turn's reasoning trace (REASONING_FIELDS) removed; not modified in place."""
+    return [{k: v for k, v in m.items() if k not in REASONING_FIELDS} if m.get("role") == "assistant" else m
+            for m in messages]
+
+
+def off_call_kwargs(switch: KwargSwitch | SystemFlagSwitch | NoSwitch) -> dict | None:
+    """The template kwargs of the model's own reasoning-off generation prompt, when the switch is a
+    template variable (a system-prompt flag changes the context, not the prompt; no switch has none)."""
+    return {switch.name: switch.when_off} if isinstance(switch, KwargSwitch) else None
 
 
 def with_system_flag(messages: list[dict], flag: str) -> list[dict]:

@@ -108,7 +108,7 @@ def pack_seed(seed: int, index: int) -> int:
 # --------------------------------------------------------------------------- curation
 
 def curate_sources(paths: Mapping[str, Path], sources: Sequence[SFTDataSource], cfg: CurateConfig,
-                   out: Path, final: Path | None = None) -> dict[str, dict]:
+                   out: Path, final: Path | None = None, drop_reasoning: bool = False) -> dict[str, dict]:
     """Curate every source into `out`: `<name>.jsonl` (kept), `<name>.rejects.jsonl`,
     `<name>.report.json` and `summary.json` ({name: report}); returns the summary.
 
@@ -118,12 +118,13 @@ def curate_sources(paths: Mapping[str, Path], sources: Sequence[SFTDataSource], 
     `final` is the directory `out` becomes once complete (data/atomic.py; default `out`):
     reports name their rejects there. A source above its max_reject_rate raises
     CurationError; as `out` is then about to be removed, the failed source's rejects are first
-    copied to `<final>.failed/` and the error points at that copy."""
+    copied to `<final>.failed/` and the error points at that copy. With `drop_reasoning` (the SFT
+    data's `reasoning_content: drop`) every conversation loses its traces as it is read."""
     final = final or out
     reports = {}
     for s in sources:
         rejects = out / f"{s.name}.rejects.jsonl"
-        lines = CurationInput(paths[s.name], s)
+        lines = CurationInput(paths[s.name], s, drop_reasoning)
         try:
             report = curate(lines, cfg, rejects, source=s.name, max_reject_rate=s.max_reject_rate)
         except CurationError as err:

@@ -7,6 +7,8 @@ the recipe's JSON schema.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
@@ -154,3 +156,9 @@ class SFTDataConfig(StrictConfig):
     both, the closing table reports test. Default `@world/sft_eval.jsonl` when `world` is set, else none."""
     heldout_limit: int | None = Field(100, gt=0)
     """At most this many held-out conversations answered per split and evaluation (None: all)."""
+    reasoning_content: Literal["keep", "drop"] = "keep"
+    """What SFT does with an assistant turn's reasoning trace (`reasoning_content`, or `thinking` /
+    `reasoning`): `keep` trains it, and a chat template that does not write traces (Llama 3.1's)
+    stops the stage (exit 2) naming this field; `drop` discards every trace as the sources and the
+    held-out conversations are read, so the final responses train alone, as the Nemotron recipe
+    trains its reasoning-off samples."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from stagewise.data.errors import BadInput
+from stagewise.data.reasoning_switch import REASONING_FIELDS, without_traces
 from stagewise.data.row_files import BadLine, Row, Where, iter_rows, present
 from stagewise.data.sft_config import SFTDataSource
 
@@ -112,13 +113,24 @@ def conversation(row: Row, source: SFTDataSource) -> dict[str, Any]:
     return conv
 
 
+def without_reasoning(conv: dict[str, Any]) -> dict[str, Any]:
+    """The conversation with every assistant turn's reasoning trace discarded (SFT data's
+    `reasoning_content: drop`), or the same object when it has none."""
+    messages = conv.get("messages") or []
+    if not any(k in m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"
+               for k in REASONING_FIELDS):
+        return conv
+    return {**conv, "messages": without_traces(messages)}
+
+
 class CurationInput:
     """The lines curate() reads for one source, each at its row's own position: a JSONL row at its
     line (blank lines kept as blanks), a parquet/Arrow row i at i + 1, files one after another.
-    So curate's 1-based line numbers map back to where each row is (`where`), for its rejects."""
+    So curate's 1-based line numbers map back to where each row is (`where`), for its rejects.
+    With `drop_reasoning` every conversation loses its reasoning traces as it is read."""
 
-    def __init__(self, path: str | Path, source: SFTDataSource):
-        self.path, self.source = Path(path), source
+    def __init__(self, path: str | Path, source: SFTDataSource, drop_reasoning: bool = False):
+        self.path, self.source, self.drop_reasoning = Path(path), source, drop_reasoning
         self._starts: list[int] = []
         self._files: list[tuple[Path, bool]] = []
         self._pos = 0
@@ -130,6 +142,8 @@ class CurationInput:
                 yield from self._at(bad.where, bad.raw)
             pending.clear()
             conv = conversation(row, self.source)
+            if self.drop_reasoning:
+                conv = without_reasoning(conv)
             yield from self._at(row.where, row.line if conv is row.data and row.line is not None
                                 else json.dumps(conv, ensure_ascii=False))
         for bad in pending:

@@ -49,17 +49,25 @@ def has_generation_blocks(source: str) -> bool:
 
 @dataclass(frozen=True)
 class TemplateCall:
-    """How one conversation is handed to the template: its tools, the switch's kwargs, and a name
-    for errors (computed only when one is raised)."""
+    """How one conversation is handed to the template: its tools, the switch's kwargs, the kwargs of the
+    model's own reasoning-off generation prompt (None when its switch is not a template variable), and a
+    name for errors (computed only when one is raised)."""
 
     tokenizer: Any
     tools: list | None = None
     kwargs: dict = field(default_factory=dict)
     name: Callable[[], str] = lambda: "a chat"
+    off_kwargs: dict | None = None
 
     def text(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         """The template's text for `messages`."""
         return self._call(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def off_prompt(self, messages: list[dict]) -> str | None:
+        """The template's text for `messages` and its reasoning-off generation prompt, or None without one."""
+        if self.off_kwargs is None:
+            return None
+        return self._call(messages, tokenize=False, add_generation_prompt=True, **{**self.kwargs, **self.off_kwargs})
 
     def masked(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         """(input_ids, mask) from the template's `{% generation %}` spans (transformers maps them to tokens)."""
@@ -67,8 +75,9 @@ class TemplateCall:
         return list(out["input_ids"]), [int(m) for m in out["assistant_masks"]]
 
     def _call(self, messages: list[dict], **options: Any) -> Any:
+        options = {**self.kwargs, **options}
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=self.tools or None, **options, **self.kwargs)
+            return self.tokenizer.apply_chat_template(messages, tools=self.tools or None, **options)
         except Exception as e:  # whatever the template raises about these messages  # noqa: BLE001
             if isinstance(e, TemplateSyntaxError):
                 raise  # the template itself is broken, not this conversation

@@ -122,9 +122,9 @@ class Scores:
     sha256) makes the second one a copy, logged again at the asking run's step."""
 
     def __init__(self, tracker: Tracker, heldout: str | None, heldout_limit: int | None, pack_size: int,
-                 seed: int, device: str = "cpu", switch: SwitchSetting = "auto"):
+                 seed: int, device: str = "cpu", switch: SwitchSetting = "auto", drop_reasoning: bool = False):
         self.tracker, self.heldout, self.heldout_limit, self.pack_size = tracker, heldout, heldout_limit, pack_size
-        self.seed, self.device, self.switch = seed, device, switch
+        self.seed, self.device, self.switch, self.drop_reasoning = seed, device, switch, drop_reasoning
         self.memo = ScoreMemo()  # in memory: heldout_task logs its own artifacts the first time
 
     def __call__(self, ckpt: CheckpointRef, tasks: list[str] | None, limit: int | None, run_id: str,
@@ -136,7 +136,7 @@ class Scores:
             metrics |= self._once("sft-heldout", [ckpt.sha256 or ckpt.path, split, self.heldout_limit], ref, run_id,
                                   lambda: heldout_task(ref, self.heldout, split, self.seed, self.pack_size,
                                                        self.heldout_limit, self.tracker, run_id, device=self.device,
-                                                       switch=self.switch))
+                                                       switch=self.switch, drop_reasoning=self.drop_reasoning))
         if tasks:
             metrics |= self._once("sft-suite", [ckpt.sha256 or ckpt.path, list(tasks), limit], ref, run_id,
                                   lambda: suite_task(ref, tasks, limit, self.tracker, run_id, device=self.device))
@@ -269,7 +269,8 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
         if data.world is not None:
             world_dir = value_of(sft_world_task(data.world, data.world.entities or block.world_entities, ctx.seed,
                                                 workdir))
-        curated = value_of(curate_task(data.sources, data.curate, world_dir, ctx.base_dir, workdir, tracker, run_id))
+        curated = value_of(curate_task(data.sources, data.curate, world_dir, ctx.base_dir, workdir, tracker, run_id,
+                                       data.reasoning_content))
         start = value_of(sft_start_task(start_from, workdir))
         _refuse_without_switch(start.path, block)
         value_of(sft_profile_task(curated, data.sources, stage.stages, data.curate, start.path, workdir, tracker, run_id))
@@ -287,7 +288,7 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
             logger.info("sft already finished in %s: reusing %s", out_dir, reused.checkpoint)
             return reused
         scores = Scores(tracker, heldout_path, data.heldout_limit, max(s.seq_length for s in stage.stages), ctx.seed,
-                        ctx.runtime.device, block.reasoning_switch)
+                        ctx.runtime.device, block.reasoning_switch, data.reasoning_content == "drop")
         tasks = block.suites.get(stage.eval_suite) if stage.eval_suite else None
         # the start on test (the closing table's "before") and the suite; dev only where it is read:
         # the gates' marks and the stage's end (what ablations compare)

@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 from stagewise.data.chat import prompt_key
 from stagewise.data.prepare import PreparedData
 from stagewise.data.reasoning_switch import SwitchSetting
+from stagewise.data.sft_rows import without_reasoning
 from stagewise.data.stats import unigram_cross_entropy
 from stagewise.eval.gates import check_metrics, decide
 from stagewise.eval.harness import run_checkpoint
@@ -113,14 +114,18 @@ def heldout_task(
     run_id: str | None = None,
     device: str = "cpu",
     switch: SwitchSetting = "auto",
+    drop_reasoning: bool = False,
 ) -> dict[str, float]:
     """One split (eval/splits.py: `dev` or `test`, by the recipe's `seed`) of the held-out conversations
     (eval/heldout.py): greedy exact match and SFT loss of a checkpoint, logged as
     `eval/sft_<split>/<metric>` at the checkpoint's step. `switch`: the recipe's
-    tokenizer.reasoning_switch (the prompts are written with reasoning off)."""
+    tokenizer.reasoning_switch (the prompts are written with reasoning off); `drop_reasoning`: the SFT
+    data's `reasoning_content: drop` (the loss is taken on the conversations without their traces)."""
     model = load_model(Path(checkpoint.path), device=device)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.path)
     convs = split_rows(read_conversations(heldout), prompt_key, seed)[split]
+    if drop_reasoning:
+        convs = [without_reasoning(c) for c in convs]
     metrics = heldout_answers(model, tokenizer, convs, limit, device=device, switch=switch)
     metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit, device=device, switch=switch)
     named = {f"{heldout_prefix(split)}/{k}": v for k, v in metrics.items()}

@@ -69,23 +69,25 @@ def sft_world_task(world: SFTWorldConfig, entities: int, seed: int, workdir: str
 
 @task(**retrying("sft-curate"))
 def curate_task(sources: list[SFTDataSource], cfg: CurateConfig, world_dir: str | None, base_dir: str,
-                workdir: str, tracker: Tracker | None = None, run_id: str | None = None) -> CuratedRef:
+                workdir: str, tracker: Tracker | None = None, run_id: str | None = None,
+                reasoning_content: str = "keep") -> CuratedRef:
     """Curate every source (data/curate); log counts, reports, rejects and a reasons plot.
 
     A source above its max_reject_rate raises CurationError (the stage stops; its rejects
-    file says why line by line)."""
+    file says why line by line). `reasoning_content`: the SFT data's field (`drop`: traces discarded)."""
     paths = {s.name: resolve_path(s.path, base_dir, world_dir) for s in sources}
     missing = [f"{s.name}: {paths[s.name]}" for s in sources if not paths[s.name].exists()]
     if missing:
         raise FileNotFoundError(f"stages.sft.data.sources: file(s) not found: {'; '.join(missing)}")
-    root = step_dir(Path(workdir) / "sft_data", "curated", {"sources": sources, "curate": cfg, "version": SFT_DATA_VERSION},
-                    [rows_digest(paths[s.name], s.split) for s in sources])
+    drop = reasoning_content == "drop"
+    spec = {"sources": sources, "curate": cfg, "version": SFT_DATA_VERSION} | ({"reasoning_content": "drop"} if drop else {})
+    root = step_dir(Path(workdir) / "sft_data", "curated", spec, [rows_digest(paths[s.name], s.split) for s in sources])
     digest = root.name.removeprefix("curated-")
     reused = (root / "summary.json").is_file()
     if not reused:
         try:
             with building(root) as tmp:
-                curate_sources(paths, sources, cfg, tmp, final=root)
+                curate_sources(paths, sources, cfg, tmp, final=root, drop_reasoning=drop)
         except CurationError as err:
             if tracker and run_id:  # the rejects kept under <root>.failed/, also in MLflow's curation/
                 tracker.log_artifact(run_id, failed_rejects(root, err.source), "curation")

@@ -108,3 +108,21 @@ def test_curation_input_keeps_each_row_at_its_position_and_maps_it_back(tmp_path
     assert [lines.where(n) for n in (1, 2, 3, 5, 6)] == [
         f"{root}/a.parquet:row 0", f"{root}/a.parquet:row 1", f"{root}/b.jsonl:1", f"{root}/b.jsonl:3",
         f"{root}/b.jsonl:4"]
+
+
+def test_curation_input_drops_every_trace_when_asked(tmp_path):
+    """stages.sft.data.reasoning_content: drop. The traces (under each name transformers reads) go; the
+    answers, tool calls and the rows without traces stay as they are."""
+    traced = {"id": "t", "messages": [USER, {"role": "assistant", "content": "", "reasoning_content": "r1",
+                                             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                                      {"role": "tool", "content": "15"},
+                                      {"role": "assistant", "content": "15", "thinking": "r2", "reasoning": "r3"}]}
+    plain = {"id": "p", "messages": [USER, {"role": "assistant", "content": "15"}]}
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(traced) + "\n" + json.dumps(plain) + "\n")
+    kept = [json.loads(line) for line in CurationInput(path, _src())]
+    dropped = [json.loads(line) for line in CurationInput(path, _src(), drop_reasoning=True)]
+    assert kept == [traced, plain]
+    assert dropped == [{"id": "t", "messages": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}, {"role": "tool", "content": "15"},
+        {"role": "assistant", "content": "15"}]}, plain]
