@@ -3,7 +3,9 @@
 The start is what a team brings: a `tiny`-preset model saved with a tokenizer carrying one of the
 three test templates (tests/data/templates/: Qwen3-like ChatML with an `enable_thinking` kwarg and
 history truncation; ChatML switched by a `/no_think` system flag; Llama 3 headers, tool calls read
-as mappings, no traces). Its own pretraining: none (not the session's shared one). The team's
+as mappings, no traces), or a published one byte for byte (tests/data/templates/published/:
+Nemotron 3 Nano's, whose untraced turns train after its own reasoning-off prompt; Llama 3.1's, with
+its special tokens in the tokenizer and no place for reasoning). Its own pretraining: none (not the session's shared one). The team's
 domain is five hand-written unit conversions (below), kept as parquet, as a `datasets`
 save_to_disk directory and as JSONL, each read as it is (no conversion step); the text SFT must
 supervise in each is written out by hand per template, reasoning on and off.
@@ -12,7 +14,10 @@ One full run (the kwarg shape, half the conversations reasoning-off): sft -> rl 
 the domain's four verifiable rows with two held-out ones. Two SFT-only runs for the other shapes:
 the system flag named in tokenizer.reasoning_switch (half off), and Llama 3 with every
 conversation off (its template writes no traces) as Llama-Nemotron says it, `detailed thinking
-off`, scored on held-out conversations without traces. Checked: each run exits 0; every
+off`, scored on held-out conversations without traces. Nemotron 3 Nano's runs SFT (half off; the
+demo's calculator conversations are multi-turn tool trajectories) then two RL steps, whose prompts
+are its template's and whose generation stops at its <|im_end|>. Llama 3.1's runs SFT under
+`stages.sft.data.reasoning_content: drop`, on the demo's traced conversations and held-out set. Checked: each run exits 0; every
 checkpoint handed on carries the start's template byte for byte; the packed rows supervise
 exactly the hand-written spans; `stagewise data pack --tokenizer CKPT` reports the supervised
 tokens (and reasoning-off count) SFT's packing report does for the same sample, and the
@@ -39,7 +44,8 @@ RECIPE = ROOT / "recipes" / "finetune.yaml"
 TEMPLATES = ROOT / "tests" / "data" / "templates"
 SEED = 1234  # tiny.yaml's, inherited; sub-stage 0 packs with seed + 0 (data/sft_assembly.py pack_seed)
 PACK = 512
-HEADER_TOKENS = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+HEADER_TOKENS = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
+"""Llama 3's special tokens (the last two only Llama 3.1's built-in tools write)."""
 # One xdist worker runs the module (python3 dev.py test: --dist loadgroup), so each run happens once.
 pytestmark = pytest.mark.xdist_group("finetune_recipe")
 
@@ -96,6 +102,22 @@ FLAG_SPANS = {  # one newline after </think>; off (/no_think in the system promp
     "units-ft": (["<think>\nThe tool converts lengths.\n</think>\n" + CALL_QWEN, "7 feet are 84 inches.<|im_end|>"],
                  [CALL_QWEN, "7 feet are 84 inches.<|im_end|>"]),
 }
+NEMOTRON_CALL = ("<tool_call>\n<function=convert>\n<parameter=value>\n7\n</parameter>\n<parameter=unit>\nin\n"
+                 "</parameter>\n</function>\n</tool_call>\n<|im_end|>")
+NEMOTRON_SPANS = {
+    # its generation prompt opens the trace (`<think>\n`): a traced turn trains from the trace on; a turn
+    # without one, written `<think></think>answer`, after its reasoning-off prompt (`<think></think>`), as
+    # is every turn off
+    "units-cm": (["A metre is 100 centimetres: 3 x 100.\n</think>\n300<|im_end|>"], ["300<|im_end|>"]),
+    "units-g": (["A kilogram is 1000 grams: 2 x 1000.\n</think>\n2000<|im_end|>"], ["2000<|im_end|>"]),
+    "units-s": (["A minute is 60 seconds: 4 x 60.\n</think>\n240<|im_end|>"], ["240<|im_end|>"]),
+    # not prefix-stable on (the first turn's trace is dropped once a user turn follows): two examples
+    "units-km": (["A kilometre is 1000 metres: 2 x 1000.\n</think>\n2000<|im_end|>", "5 x 1000.\n</think>\n5000<|im_end|>"],
+                 ["2000<|im_end|>", "5000<|im_end|>"]),
+    # the arguments as <parameter=...> blocks; off, the call's turn is `<think></think>\n<tool_call>...`
+    "units-ft": (["The tool converts lengths.\n</think>\n" + NEMOTRON_CALL, "7 feet are 84 inches.<|im_end|>"],
+                 ["\n" + NEMOTRON_CALL, "7 feet are 84 inches.<|im_end|>"]),
+}
 LLAMA_SPANS = {  # no traces at all (on is refused); the call as {"name", "parameters"} with the arguments a mapping
     "units-cm": (None, ["300<|eot_id|>"]),
     "units-g": (None, ["2000<|eot_id|>"]),
@@ -104,6 +126,10 @@ LLAMA_SPANS = {  # no traces at all (on is refused); the call as {"name", "param
     "units-ft": (None, ['{"name": "convert", "parameters": {"value": 7, "unit": "in"}}<|eot_id|>',
                         "7 feet are 84 inches.<|eot_id|>"]),
 }
+
+
+LLAMA31_SPANS = {  # reasoning_content: drop: every trace discarded as read, the answers alone (nothing is off)
+    conv: (off, None) for conv, (_, off) in LLAMA_SPANS.items()}
 
 
 def rl_row(i: str, question: str, answer: str) -> dict:
@@ -134,19 +160,27 @@ class Shape:
     spans: dict
     own_heldout: bool = False
     """Score SFT on the team's trace-free held-out conversations (the demo's carry traces)."""
+    stages: tuple[str, ...] = ("sft",)
+    """The stages it runs."""
+    drop: bool = False
+    """stages.sft.data.reasoning_content: drop."""
+    pack: int = PACK
+    """The SFT sub-stage's seq_length (Nemotron's and Llama 3.1's tool prompts are ~700 tokens of the test tokenizer)."""
 
     @property
     def name(self) -> str:
-        return self.template.removesuffix(".jinja")
+        return Path(self.template).name.removesuffix(".jinja")
 
 
-KWARG = Shape("chatml_think_kwarg.jinja", "parquet", 0.5, None, KWARG_SPANS)
+KWARG = Shape("chatml_think_kwarg.jinja", "parquet", 0.5, None, KWARG_SPANS, stages=("sft", "rl", "quantize"))
 FLAG = Shape("chatml_system_flag.jinja", "datasets", 0.5, "{kind: system_flag, when_off: /no_think, when_on: /think}",
              FLAG_SPANS)
 LLAMA = Shape("llama3_tools.jinja", "jsonl", 1.0,
               "{kind: system_flag, when_off: detailed thinking off, when_on: detailed thinking on}", LLAMA_SPANS,
               own_heldout=True)
-SHAPES = [KWARG, FLAG, LLAMA]
+NEMOTRON = Shape("published/nemotron_3_nano.jinja", "jsonl", 0.5, None, NEMOTRON_SPANS, stages=("sft", "rl"), pack=1024)
+LLAMA31 = Shape("published/llama3_1.jinja", "parquet", 0.0, None, LLAMA31_SPANS, drop=True, pack=1024)
+SHAPES = [KWARG, FLAG, LLAMA, NEMOTRON, LLAMA31]
 
 SFT_SETS = ["stages.sft.data.world.per_domain=40", "stages.sft.data.heldout_limit=4", "stages.sft.eval_suite=null",
             "stages.sft.stages[0].tokens=4096", "stages.sft.stages[0].schedule.warmup_tokens=0"]
@@ -251,10 +285,12 @@ def finetuned(cli, checkpoint, files, tmp_path_factory):
                   *SFT_SETS, f"stages.sft.stages[0].blend.reasoning_off_fraction={shape.off_fraction}"]
         values += [f"tokenizer.reasoning_switch={shape.switch}"] if shape.switch else []
         values += [f"stages.sft.data.heldout={files['sft_heldout']}"] if shape.own_heldout else []
-        if shape is KWARG:
+        values += ["stages.sft.data.reasoning_content=drop"] if shape.drop else []
+        values += [f"stages.sft.stages[0].seq_length={shape.pack}"] if shape.pack != PACK else []
+        if "rl" in shape.stages:
             values += [f"stages.rl.data.sources[0].path={files['rl']}", f"stages.rl.data.heldout={files['rl_heldout']}",
                        *FULL_SETS]
-        stages = [] if shape is KWARG else ["--stages", "sft"]
+        stages = ["--stages", ",".join(shape.stages)]
         summary = cli.summary(cli("run", str(RECIPE), *stages, *cli.sets(*values), "--json", timeout=900))
         client = MlflowClient(tracking_uri=summary["tracking_uri"])
         done[shape.name] = Run(start, summary, workdir, client.get_run(summary["stages"][0]["run_id"]).data.metrics)
@@ -269,9 +305,10 @@ def data_pack(source: Path, tokenizer: Path, shape: Shape, fraction: float, out:
     """`stagewise data pack SOURCE --tokenizer CKPT` with the sub-stage's fraction, seed and switch."""
     from stagewise.cli import app
 
-    args = ["data", "pack", str(source), "--tokenizer", str(tokenizer), "--pack-size", str(PACK),
+    args = ["data", "pack", str(source), "--tokenizer", str(tokenizer), "--pack-size", str(shape.pack),
             "--reasoning-off-fraction", str(fraction), "--seed", str(SEED), "--json"]
     args += ["--reasoning-switch", shape.switch] if shape.switch else []
+    args += ["--reasoning-content", "drop"] if shape.drop else []
     args += ["--out", str(out)] if out else []
     return CliRunner().invoke(app, args)
 
@@ -340,7 +377,10 @@ def test_the_teams_file_packs_to_the_hand_checked_spans(shape, checkpoint, files
     the supervised text is the hand-written spans and the supervised tokens are theirs."""
     start = checkpoint(shape)
     tok = auto_tokenizer(start)
-    for fraction in sorted({0.0, 1.0, shape.off_fraction}):
+    if shape.drop:  # the traces kept, through a template with no place for them: refused, naming the way out
+        kept = data_pack(files["jsonl"], start, Shape(**{**shape.__dict__, "drop": False}), 0.0)
+        assert kept.exit_code == 2 and "reasoning_content: drop" in kept.output, kept.output
+    for fraction in [0.0] if shape.drop else sorted({0.0, 1.0, shape.off_fraction}):  # no switch: nothing is off
         result = data_pack(files["jsonl"], start, shape, fraction, tmp_path / f"{fraction}.npz")
         if shape is LLAMA and fraction < 1.0:  # its template writes no trace: training on one is refused
             assert result.exit_code == 2 and "does not write the turn's reasoning_content" in result.output, result.output
@@ -369,6 +409,42 @@ def test_the_full_run_fine_tunes_then_rl_then_quantizes(finetuned):
     assert profiled == len(RL_ROWS)  # every one of the domain's rows, nothing else
     assert quantize["metrics"]["effective_bits"] <= 6.0 + 1e-9
     assert (Path(quantize["checkpoint"]) / "hf_quant_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_rl_from_nemotron_prompts_through_its_template_and_stops_at_its_turn_end(finetuned, files):
+    """SFT from Nemotron 3 Nano's own template on the demo's multi-turn tool conversations exits 0; RL
+    from it writes each prompt as that template does (stages.rl.reasoning is off: its `<think></think>`
+    prompt) and ends each response at the template's turn end, <|im_end|>, which the checkpoints'
+    generation configs list among their eos ids."""
+    from stagewise.eval.heldout import end_ids
+    from stagewise.eval.rewards import RewardConfig
+    from stagewise.eval.rl_wiring import RLWiring
+    from stagewise.eval.rl_wiring import load_rows as rl_rows
+
+    run = finetuned(NEMOTRON)
+    sft, rl = run.summary["stages"]
+    assert (sft["stage"], rl["stage"]) == ("sft", "rl") and rl["parent"] == sft["checkpoint"]
+    assert "base/rl/test/pass_at_1/my_domain" in rl["metrics"], sorted(rl["metrics"])
+    tok = auto_tokenizer(Path(sft["checkpoint"]))
+    sample = [json.loads(line) for line in (run.packed() / "sample.jsonl").read_text().splitlines()]
+    trajectories = [s for s in sample if s["domain"] == "calculator"]  # call, the tool's reply, the answer
+    assert trajectories and json.loads((run.packed() / "report.json").read_text())["packing"]["dropped"] == 0
+    packed = segments(load_rows(run.packed() / "rows.npz"), tok)
+    answers = [t for t, runs in packed if "<tool_response>" in t and any(r.endswith("<|im_end|>") for r in runs)]
+    assert len(answers) >= len(trajectories), (len(answers), len(trajectories))
+    wiring = RLWiring(tok, rl_rows(files["rl"], "my_domain", None, None), RewardConfig(), reasoning=False)
+    for row in RL_ROWS:
+        question = row["responses_create_params"]["input"][0]["content"]
+        published = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                            tokenize=False, enable_thinking=False)
+        assert published.endswith(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n<think></think>")
+        assert list(wiring.prompts[f"my_domain:{row['id']}"].ids) == tok(published, add_special_tokens=False)["input_ids"]
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert end_ids(tok)[0] == im_end
+    for stage in (sft, rl):
+        eos = json.loads((Path(stage["checkpoint"]) / "generation_config.json").read_text())["eos_token_id"]
+        assert im_end in (eos if isinstance(eos, list) else [eos]), (stage["stage"], eos)
 
 
 @pytest.mark.slow
@@ -422,7 +498,7 @@ def test_the_reasoning_off_conversations_are_the_seeded_ones_in_the_models_own_f
     if shape.off_fraction == 0.5:
         assert 0.3 * len(sample) <= len(off) <= 0.7 * len(sample)  # roughly half: 14 of 25 here
     else:
-        assert len(off) == len(sample)
+        assert len(off) == len(sample) * shape.off_fraction
     packed = ours(segments(load_rows(run.packed() / "rows.npz"), auto_tokenizer(run.start)))
     for conv, question in zip(CONVERSATIONS, QUESTIONS):
         text = "".join(t for t, _ in packed if question in t)  # its examples (two when the template splits it)
@@ -435,5 +511,15 @@ def test_the_reasoning_off_conversations_are_the_seeded_ones_in_the_models_own_f
             flag = "/no_think" if conv["id"] in off else "/think"
             assert f"\n{flag}<|im_end|>" in text or f"\n{flag}\n\n<tools>" in text, text
             assert any(t in text for t in traces) == (conv["id"] not in off)
-        else:
+        elif shape is LLAMA:
             assert "detailed thinking off<|eot_id|>" in text and not any(t in text for t in traces)
+        # Nemotron 3 Nano: off, every answer follows the empty trace of the off prompt, and no trace is written
+        elif shape is NEMOTRON and conv["id"] in off:
+            assert "<|im_start|>assistant\n<think></think>" in text and not any(t in text for t in traces), text
+        elif shape is NEMOTRON:  # on, the last turn's own trace (the answer after a tool's reply has none)
+            last = conv["messages"][-1]
+            written = (f"<think>\n{last['reasoning_content']}\n</think>\n" if last.get("reasoning_content")
+                       else "<think></think>") + last["content"] + "<|im_end|>"
+            assert written in text, text
+        else:  # Llama 3.1 under drop: nothing is off, and no trace is written
+            assert not any(t in text for t in traces), text
