@@ -77,6 +77,22 @@ class EngineEnv(StrictConfig):
         return self
 
 
+def slurm_seconds(text: str) -> float | None:
+    """A Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; UNLIMITED, INFINITE: None) in seconds."""
+    if text in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return float(((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds)
+    if len(parts) == 3:  # HH:MM:SS
+        hours, minutes, seconds = parts
+    else:  # MM or MM:SS
+        hours, minutes, seconds = 0, parts[0], (parts[1] if len(parts) == 2 else 0)
+    return float((hours * 60 + minutes) * 60 + seconds)
+
+
 class SlurmOptions(StrictConfig):
     """sbatch settings for `scheduler: slurm`."""
 
@@ -88,6 +104,15 @@ class SlurmOptions(StrictConfig):
     """Wall-clock limit (HH:MM:SS)."""
     container_mounts: list[ContainerMount] = Field(default_factory=list)
     """`src:dst` mounts for pyxis/enroot (the run directory is always mounted)."""
+    max_pending: SlurmTime | None = None
+    """Cancel the job and fail the stage, naming Slurm's pending reason, when it has pended this long
+    (a Slurm time: MM, HH:MM:SS, D-HH:MM, ...); None: wait as long as the queue takes. A request the
+    partition can never meet is refused without waiting either way."""
+
+    @property
+    def max_pending_s(self) -> float | None:
+        """max_pending in seconds (None: no limit)."""
+        return None if self.max_pending is None else slurm_seconds(self.max_pending)
 
 
 class KubernetesOptions(StrictConfig):

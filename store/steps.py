@@ -28,6 +28,7 @@ from prefect.client.schemas.objects import StateDetails
 from prefect.states import Completed, State
 
 from stagewise.data.content_hash import step_hash
+from stagewise.store.jobs import recorded, stop_recorded
 from stagewise.store.leases import claim, describe, release, ttl_s, wait_for
 from stagewise.store.policy import once, retrying, run_logger
 
@@ -106,5 +107,10 @@ def claim_step(kind: str, directory: str | Path, run_id: str | None) -> bool:
     def on_takeover(d: Path, dead: dict) -> None:
         run_logger().warning("%s: %s stopped building %s (its process is gone, or no heartbeat for %.0f s): "
                              "this run takes the step over", kind, describe(dead), d, ttl_s())
+        job = recorded(d)
+        if job is not None:  # its scheduler job may still run and write here: stopped before anything else
+            run_logger().warning("%s: cancelling the %s job %s (%s) that run left behind, and waiting for it to end",
+                                 kind, job.scheduler, job.id, job.name)
+            stop_recorded(d)
 
     return claim(directory, run_id, _is_finished, on_wait, on_takeover) is not None

@@ -94,3 +94,33 @@ def pytest_collection_modifyitems(items):
         else:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _slurm_cluster(tmp_path_factory, nodes: int):
+    """A real Slurm cluster of `nodes` nodes (tests/slurm_cluster.py), or a skip (a failure under CI)."""
+    from tests.slurm_cluster import missing_programs, slurm_cluster
+
+    missing = missing_programs()
+    if missing:
+        why = f"no Slurm here ({', '.join(missing)} missing): apt-get install slurmctld slurmd slurm-client munge"
+        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+            pytest.fail(f"{why} (CI is set: .ci/run installs them, and the slurm tests must run)", pytrace=False)
+        pytest.skip(why)
+    return slurm_cluster(tmp_path_factory.mktemp(f"slurm-{nodes}-node"), nodes=nodes)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real two-node Slurm cluster (two slurmd daemons on this host, 8 fake GPUs each, EnforcePartLimits
+    off), up for the session, SLURM_CONF pointing at it. Tests using it share one xdist group."""
+    with _slurm_cluster(tmp_path_factory, 2) as cluster, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+        yield cluster
+
+
+@pytest.fixture
+def slurm_one_node(tmp_path_factory, monkeypatch):
+    """A real one-node Slurm cluster for one test (EnforcePartLimits off), SLURM_CONF pointing at it meanwhile."""
+    with _slurm_cluster(tmp_path_factory, 1) as cluster:
+        monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+        yield cluster

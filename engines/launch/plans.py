@@ -8,8 +8,10 @@ what one process of the engine runs, e.g. `python scripts/training/run_recipe.py
 
 - `local`: one node, run here. An argv for engines/launch/task.py to stream: `torchrun` from the venv, or
   `docker run ... IMAGE torchrun ...` for an image.
-- `slurm`: the text of an sbatch script plus `sbatch --parsable --wait --output=LOG SCRIPT`, so the submitting
-  process lives as long as the job and exits with the job's status (what Prefect honours).
+- `slurm`: the text of an sbatch script plus `sbatch --parsable --output=LOG SCRIPT`, whose job
+  engines/launch/scheduler_job.py follows to its end (the log streamed, the scheduler's state read:
+  `sbatch --wait` exits 0 for a job cancelled while pending, and outlives nothing it could cancel);
+  the script writes its exit status to a marker file as it ends.
 - `kubernetes`: an Indexed Job (one pod per node) as a YAML manifest plus a `bash -c` that applies
   it, streams pod 0's log and exits 0 only when the Job completes.
 
@@ -84,11 +86,28 @@ class LaunchUnsupported(ValueError):
 
 
 @dataclass(frozen=True)
+class ScheduledJob:
+    """A launch that is a scheduler's job, followed and cancelled by id (engines/launch/scheduler_job.py)."""
+
+    scheduler: Literal["slurm", "kubernetes"]
+    name: str
+    """The scheduler's job name."""
+    id: str | None = None
+    """Known before submission (Kubernetes: `<namespace>/<name>`); Slurm's comes from sbatch."""
+    script: str | None = None
+    """Slurm: the sbatch script."""
+    log: str | None = None
+    """Slurm: the job's output file (on the shared filesystem)."""
+    marker: str | None = None
+    """Slurm: the file the script writes its exit status to as it ends."""
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     """What to run for one launch: write `files`, then run `argv` in `cwd` with `env` over os.environ.
 
-    `argv`'s exit status is the launch's (torchrun's, the Slurm job's via `sbatch --wait`, the
-    Kubernetes Job's). `job_log` is where the job's own output lands when it is not argv's output
+    `argv`'s exit status is the launch's (torchrun's, the Kubernetes Job's); a Slurm job's end is
+    read from the scheduler (`job`). `job_log` is where the job's own output lands when it is not argv's output
     (Slurm writes it on the shared filesystem); None when argv's output is the job's."""
 
     argv: list[str]
@@ -96,6 +115,9 @@ class LaunchPlan:
     env: dict[str, str] = dc_field(default_factory=dict)
     files: dict[str, str] = dc_field(default_factory=dict)
     job_log: str | None = None
+    job: ScheduledJob | None = None
+    """Set when argv submits a scheduler's job (Slurm: argv is the submission, the job is followed by
+    id; Kubernetes: argv applies and streams the Job, which is deleted on an interruption)."""
 
     def write_files(self) -> None:
         """Write the script / manifest files (their directories made) before argv runs."""
@@ -239,12 +261,13 @@ def _local(launch: LaunchConfig, entry: list[str], run: str, style: LauncherStyl
 def _slurm(launch: LaunchConfig, entry: list[str], run: str, style: LauncherStyle, name: str, job: str,
            env: dict[str, str], mounts: list[str]) -> LaunchPlan:
     base = os.path.join(run, "launch", _file_stem(name))
-    script_path, log_path = base + ".sbatch", base + ".slurm.log"
-    text = slurm_script(launch, entry, run, style=style, name=job, env=env, mounts=mounts)
+    script_path, log_path, marker = base + ".sbatch", base + ".slurm.log", base + ".exit"
+    text = slurm_script(launch, entry, run, style=style, name=job, env=env, mounts=mounts, marker=marker)
     # the log path is the run directory's (any characters but control ones): on sbatch's argv, where
     # it is one word, not in an #SBATCH line, which sbatch splits at whitespace itself
-    return LaunchPlan(argv=["sbatch", "--parsable", "--wait", f"--output={log_path}", script_path], cwd=run,
-                      files={script_path: text}, job_log=log_path)
+    return LaunchPlan(argv=["sbatch", "--parsable", f"--output={log_path}", script_path], cwd=run,
+                      files={script_path: text}, job_log=log_path,
+                      job=ScheduledJob("slurm", _file_stem(job), script=script_path, log=log_path, marker=marker))
 
 
 def _srun_env_flags(launch: LaunchConfig, run: str, mounts: list[str]) -> list[str]:
@@ -260,14 +283,16 @@ def _srun_env_flags(launch: LaunchConfig, run: str, mounts: list[str]) -> list[s
 
 def slurm_script(launch: LaunchConfig, entry: Sequence[str], run_dir: str | os.PathLike, *,
                  style: LauncherStyle, name: str = "engine", env: Mapping[str, str] | None = None,
-                 mounts: Sequence[str] = ()) -> str:
+                 mounts: Sequence[str] = (), marker: str | None = None) -> str:
     """The sbatch script that runs `entry` on `launch.nodes` nodes (see the module docstring).
 
     torchrun: one srun task per node, each a torchrun with `gpus_per_node` processes meeting at a
     c10d rendezvous on the first node (MASTER_ADDR: the first of `scontrol show hostnames`).
     single: a Ray head on the first node and Ray workers on the others, then the driver on the
     head; the script exits with the driver's status. Images run through pyxis (`--container-*`).
-    The job's output file is given on sbatch's command line (the plan's argv), not here.
+    The job's output file is given on sbatch's command line (the plan's argv), not here; `marker`,
+    when given, is a file the script writes its exit status to as it ends (an EXIT trap), so the
+    job's end is known after Slurm has forgotten it.
 
     Every recipe string in the #SBATCH lines (partition, account, time) was admitted by its type
     (engines/launch_text.py: the scheduler's grammar, no whitespace or control characters);
@@ -287,8 +312,11 @@ def slurm_script(launch: LaunchConfig, entry: Sequence[str], run_dir: str | os.P
         lines.append(f"#SBATCH --account={sb.account}")
     lines.append(f"#SBATCH --time={sb.time}")
     lines += ["#SBATCH --exclusive",
-              "# written by stagewise (engines/launch/plans.py); sbatch --wait exits with this job's status",
+              "# written by stagewise (engines/launch/plans.py); followed by job id (engines/launch/scheduler_job.py)",
               "set -euo pipefail"]
+    if marker is not None:
+        on_exit = 'echo "$?" > ' + q(marker)  # the trap's text is shell code run later: the path quoted in it
+        lines.append(f"trap {q(on_exit)} EXIT")
     for key in sorted(env or {}):
         lines.append(f"export {key}={q((env or {})[key])}")
     lines.append('NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))')
@@ -438,7 +466,8 @@ def _kubernetes(launch: LaunchConfig, entry: list[str], run: str, style: Launche
         "done",
     ])
     text = yaml.safe_dump(manifest, sort_keys=False, width=1000)
-    return LaunchPlan(argv=["bash", "-c", script], cwd=run, files={path: text})
+    return LaunchPlan(argv=["bash", "-c", script], cwd=run, files={path: text},
+                      job=ScheduledJob("kubernetes", job, id=f"{ns}/{job}"))
 
 
 def _file_stem(name: str) -> str:

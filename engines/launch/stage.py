@@ -103,7 +103,8 @@ def run_engine(ctx: StageRun, stage: str, engine: str, launch: LaunchConfig, run
         lp = plan_launch(cfg, step.entry, out_dir, style=step.style, name=step.name, env=env, field=field_path,
                          container_tool=tool, mounts=mounts, job=job_name(step.name, out_dir, run_id))
         lp.write_files()
-        launch_task(step.name, lp.argv, lp.cwd, lp.env, str(out_dir / "launch" / f"{step.name}.log"), ctx.tracker, run_id)
+        launch_task(step.name, lp.argv, lp.cwd, lp.env, str(out_dir / "launch" / f"{step.name}.log"), ctx.tracker, run_id,
+                    job=lp.job, step_dir=str(out_dir), max_pending_s=cfg.slurm.max_pending_s)
     final = out_dir / f"step-{plan.step:08d}"
     meta = CheckpointMeta(stage=stage, step=plan.step, tokens_seen=plan.tokens, recipe_hash=ctx.recipe_hash,
                           parent=parent, extra={"engine": engine})

@@ -10,7 +10,9 @@ Prefect UI is to watch that process as it runs and to see the stage fail when it
 - a non-zero exit raises `LaunchFailed` with the exit status and the last lines, so the task,
   the stage flow and `stagewise run` fail (exit 1) — never a stage that "finished" on nothing;
 - if the task itself is interrupted (Ctrl-C, a cancelled flow run), the process group is killed,
-  so no orphaned job keeps GPUs busy.
+  and a scheduler's job is cancelled (engines/launch/scheduler_job.py: a Slurm job is followed by
+  its id, not through `sbatch --wait`, and decided by the scheduler's state), so no orphaned job
+  keeps GPUs busy and no cancelled job passes for success.
 The task does not retry: a training launch that died is resumed by `stagewise run --resume`.
 """
 
@@ -25,6 +27,9 @@ from pathlib import Path
 
 from prefect import task
 
+from stagewise.engines.launch.plans import ScheduledJob
+from stagewise.engines.launch.scheduler_job import run_slurm_job
+from stagewise.store.jobs import JobRecord, cancel_and_wait, forget, record
 from stagewise.store.policy import once, run_logger
 from stagewise.store.tracking import Tracker
 
@@ -82,11 +87,49 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 @task(**once("launch-engine"))
 def launch_task(name: str, argv: list[str], cwd: str, env: dict[str, str], log_path: str,
-                tracker: Tracker, run_id: str) -> None:
-    """Run one launched engine step (`name`: e.g. `megatron-import`, `megatron-train`); raise on failure."""
+                tracker: Tracker, run_id: str, job: ScheduledJob | None = None, step_dir: str | None = None,
+                max_pending_s: float | None = None) -> None:
+    """Run one launched engine step (`name`: e.g. `megatron-import`, `megatron-train`); raise on failure.
+
+    `job`: the plan's scheduler job (recorded in `step_dir`, the step's directory, while it runs);
+    `max_pending_s`: how long a Slurm job may pend (launch.slurm.max_pending; None: no limit)."""
     log = Path(log_path)
-    returncode, tail = stream_process(name, argv, Path(cwd), env, log)
-    tracker.log_artifact(run_id, log, "launch")
+    if job is not None and step_dir is None:
+        raise ValueError("a scheduler's job is recorded in its step directory: give step_dir")
+    try:
+        if job is not None and job.scheduler == "slurm":
+            _follow_job(name, job, argv, Path(cwd), env, log, Path(step_dir), max_pending_s)
+            returncode, tail = 0, []
+        elif job is not None:  # kubernetes: the plan streams the Job; recorded, so an interruption deletes it
+            rec = JobRecord(job.scheduler, job.id or job.name, name)
+            record(step_dir, rec)
+            try:
+                returncode, tail = stream_process(name, argv, Path(cwd), env, log)
+            except BaseException:
+                cancel_and_wait(rec)
+                raise
+            finally:
+                forget(step_dir, rec)
+        else:
+            returncode, tail = stream_process(name, argv, Path(cwd), env, log)
+    finally:
+        if log.is_file():
+            tracker.log_artifact(run_id, log, "launch")
     if returncode != 0:
         raise LaunchFailed(name, returncode, log, tail)
     run_logger().info("%s: finished (exit 0)", name)
+
+
+def _follow_job(name: str, job: ScheduledJob, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
+                step_dir: Path, max_pending_s: float | None) -> None:
+    """A Slurm job submitted and followed (engines/launch/scheduler_job.py), its lines to the run logger and `log_path`."""
+    logger = run_logger()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    logger.info("%s: submitting %s", name, " ".join(argv))
+    with log_path.open("w", encoding="utf-8") as log:
+        def on_line(line: str) -> None:
+            log.write(line + "\n")
+            log.flush()
+            logger.info("%s | %s", name, line)
+
+        run_slurm_job(job, argv, str(cwd), {**os.environ, **env}, step_dir, on_line, max_pending_s)

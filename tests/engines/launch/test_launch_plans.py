@@ -107,7 +107,7 @@ def test_slurm_script_for_two_nodes_line_by_line():
     plan = plan_launch(launch, MB_ENTRY, RUN, style="torchrun", name="megatron-train", env=ENV)
     script_path = f"{RUN}/launch/megatron-train.sbatch"
     assert plan.job_log == f"{RUN}/launch/megatron-train.slurm.log" and plan.env == {}
-    assert plan.argv == ["sbatch", "--parsable", "--wait", f"--output={plan.job_log}", script_path]
+    assert plan.argv == ["sbatch", "--parsable", f"--output={plan.job_log}", script_path]
     text = plan.files[script_path]
     lines = text.splitlines()
     assert lines[0] == "#!/bin/bash"
@@ -115,21 +115,24 @@ def test_slurm_script_for_two_nodes_line_by_line():
                              "--gpus-per-node": "8", "--partition": "batch", "--account": "llm", "--time": "02:00:00",
                              "--exclusive": ""}
     body = [ln for ln in lines if not ln.startswith("#")]
-    assert body[:6] == ["set -euo pipefail",
+    assert plan.job.marker == f"{RUN}/launch/megatron-train.exit"
+    assert body[:7] == ["set -euo pipefail",
+                        f"trap 'echo \"$?\" > {RUN}/launch/megatron-train.exit' EXIT",  # the job's end, after Slurm forgets it
                         "export MLFLOW_RUN_ID=0123abcd",
                         "export MLFLOW_TRACKING_URI=sqlite:////runs/tiny/mlflow.db",
                         'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
                         'export MASTER_ADDR="${NODES[0]}"',
                         "export MASTER_PORT=29500"]
-    assert len(body) == 7
-    srun = shlex.split(body[6])
+    assert len(body) == 8
+    srun = shlex.split(body[7])
     assert srun[:3] == ["srun", "--nodes=2", "--ntasks-per-node=1"]
     assert srun[3:7] == [f"--container-image={IMAGE}", f"--container-mounts={RUN}:{RUN},/lustre:/lustre",
                          "--container-workdir=/opt/Megatron-Bridge", "--no-container-mount-home"]
     # one torchrun per node; the ranks meet at a c10d rendezvous on the first node
     assert srun[7:] == ["torchrun", "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT",
                         "--rdzv-id=$SLURM_JOB_ID", "--nproc-per-node=8", *MB_ENTRY[1:]]
-    assert text == slurm_script(launch, MB_ENTRY, RUN, style="torchrun", name="megatron-train", env=ENV)  # deterministic
+    assert text == slurm_script(launch, MB_ENTRY, RUN, style="torchrun", name="megatron-train", env=ENV,
+                                marker=plan.job.marker)  # deterministic
 
 
 def test_slurm_venv_uses_chdir_and_the_venvs_tools(tmp_path):
