@@ -99,11 +99,12 @@ def check_engine(engine: str, launch: LaunchConfig, *, field: str = "launch", wh
                  run: Callable[..., subprocess.CompletedProcess] = subprocess.run, timeout: float = 120) -> None:
     """Raise EngineMissing unless `engine` can be launched as `launch` says (see the module docstring).
 
-    engine: `megatron` or `nemo_rl` (`torch` runs in this process: nothing to check).
+    engine: `megatron` or `nemo_rl`; `torch` (ours) only when the stage runs as a job: its scheduler's tool.
     field: the recipe key path of `launch` (e.g. `stages.pretrain.launch`); errors name a key under it.
     which: looks a command up on PATH (shutil.which). run: runs the venv's python (subprocess.run).
     """
     if engine == "torch":
+        _check_scheduler(engine, launch, field, which)
         return
     if engine not in ENGINE_MODULES:
         raise ValueError(f"unknown engine {engine!r}; launched engines: {', '.join(ENGINE_MODULES)}")
@@ -121,7 +122,7 @@ def _check_scheduler(engine: str, launch: LaunchConfig, field: str, which: Which
                 f"running the image {launch.env.image} here needs docker or podman on PATH, and neither is: "
                 "install one with the NVIDIA Container Toolkit "
                 "(https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/), "
-                f"or give `env.venv` instead. {INSTALL_HINTS[engine]}"))
+                f"or give `env.venv` instead. {INSTALL_HINTS.get(engine, '')}"))
         return
     if scheduler == "slurm":
         if which("sbatch") is None:
@@ -133,7 +134,7 @@ def _check_scheduler(engine: str, launch: LaunchConfig, field: str, which: Which
         return
     if launch.env.image is None:
         raise EngineMissing(f"{field}.env.venv", "scheduler kubernetes runs containers: give `env.image`, not a venv. "
-                            + INSTALL_HINTS[engine])
+                            + INSTALL_HINTS.get(engine, ""))
     if which("kubectl") is None:
         raise EngineMissing(f"{field}.scheduler", (
             "scheduler kubernetes applies a Job with kubectl, which is not on PATH: install kubectl and point it "

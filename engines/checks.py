@@ -38,6 +38,9 @@ def engine_problems(r: Any) -> list[tuple[str, str, str]]:
         elif block.engine != "torch" and block.launch is None:
             out.append((f"{at}.launch", f"engine {block.engine!r} is launched: give `launch` "
                         "(env: {image: ...} or {venv: ...}, nodes, gpus_per_node, parallel)", f"{at}.engine"))
+        elif block.engine != "torch" and block.launch.gpus_per_node == 0:
+            out.append((f"{at}.launch.gpus_per_node", f"engine {block.engine!r} runs on GPUs: give gpus_per_node >= 1 "
+                        "(0 is a CPU job, for engine torch)", f"{at}.launch.gpus_per_node"))
         elif block.engine != "torch" and getattr(block, "gate", None) is not None:
             out.append((f"{at}.gate", LAUNCHED_GATE.format(engine=block.engine), f"{at}.gate"))
         elif block.engine != "torch" and block.launch.env.image is not None and MOUNT_BREAKERS.search(str(Path(r.workdir).resolve())):

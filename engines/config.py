@@ -133,8 +133,8 @@ class LaunchConfig(StrictConfig):
     """local: torchrun on this node. slurm: an sbatch script with srun. kubernetes: a Job manifest."""
     nodes: int = Field(1, ge=1)
     """Nodes."""
-    gpus_per_node: int = Field(8, ge=1)
-    """GPUs per node."""
+    gpus_per_node: int = Field(8, ge=0)
+    """GPUs per node; 0: a CPU job (our engine only: Megatron-Bridge and NeMo RL need GPUs)."""
     parallel: Parallelism = Field(default_factory=Parallelism)
     """Model-parallel sizes."""
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
@@ -180,7 +180,28 @@ class NemoGym(StrictConfig):
     server is added first."""
 
 
-class EngineChoice(StrictConfig):
+class LaunchChoice(StrictConfig):
+    """The `launch` key every stage block has: where the stage runs. None: in the run's own process.
+    Given to a stage on our engine (merge and quantize included), the stage runs as one job where
+    its compute is (flows/stage_job.py: local, Slurm or Kubernetes; `gpus_per_node: 0` for a CPU
+    job) and hands back the same result as in process."""
+
+    launch: LaunchConfig | None = None
+    """Where the stage runs: None in this process; else a job (env, scheduler, nodes, GPUs). For a
+    launched engine (megatron, nemo_rl), where that engine runs (its environment, nodes, GPUs,
+    scheduler, parallel sizes)."""
+
+
+def where_free(block: LaunchChoice) -> LaunchChoice:
+    """The block as a step's spec hashes it: a stage on our engine computes the same weights in process or
+    as a job (flows/stage_job.py), so its `launch` is hashed as unset and the step is the same either way;
+    a launched engine's launch stays (other nodes and parallel sizes, other numerics)."""
+    if getattr(block, "engine", "torch") == "torch" and block.launch is not None:
+        return block.model_copy(update={"launch": None})
+    return block
+
+
+class EngineChoice(LaunchChoice):
     """The `engine` and `launch` keys every trainable stage block has (engines/checks.py checks
     the engine against the block's ENGINES, and that a launched engine has a `launch`)."""
 
@@ -188,7 +209,6 @@ class EngineChoice(StrictConfig):
     """The engines this stage's block can be given (each trainable block names its own)."""
 
     engine: Engine = "torch"
-    """Which engine trains the stage: torch (ours, in this process), megatron (Megatron-Bridge:
-    pretrain, long_context, sft) or nemo_rl (NeMo RL: rl, distill), the last two launched."""
-    launch: LaunchConfig | None = None
-    """Where a launched engine runs (its environment, nodes, GPUs, scheduler, parallel sizes)."""
+    """Which engine trains the stage: torch (ours: in this process, or as a job with `launch`),
+    megatron (Megatron-Bridge: pretrain, long_context, sft) or nemo_rl (NeMo RL: rl, distill), the
+    last two launched."""

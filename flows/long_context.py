@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from stagewise.data.long_context import DOC_QA, long_context_blend
 from stagewise.data.prepare import PreparedData
+from stagewise.engines.config import where_free
 from stagewise.engines.launch.stage import run_engine, with_engine
 from stagewise.engines.megatron.stage import long_context_datasets, long_context_plan
 from stagewise.engines.megatron.translate import MLflowTarget, long_context_train_config, megatron_precision
@@ -70,7 +71,7 @@ def _shards(data_root: str) -> tuple[dict[str, str], dict[str, str]]:
 
 def long_context_spec(block: LongContextInputs, train, blend: dict, seed: int) -> dict:
     """What determines the stage's weights (hashed with the base checkpoint and the pretraining data)."""
-    return {"stage": block.stage, "train": train, "blend": blend, "mtp": block.mtp, "seed": seed}
+    return {"stage": where_free(block.stage), "train": train, "blend": blend, "mtp": block.mtp, "seed": seed}
 
 
 def train_config(stage: LongContextStage, runtime_precision) -> TrainConfig:

@@ -51,7 +51,7 @@ def select(recipe: Recipe) -> MergeInputs | None:
 def merge_spec(block: MergeInputs, seed: int) -> dict:
     """What determines the decision (hashed with the pretraining checkpoints' weights): the whole
     block (windows, schedule, scoring, min_improvement), the scoring length, the suite's tasks."""
-    return {"stage": block.stage, "seq_length": block.seq_length, "seed": seed,
+    return {"stage": block.stage.model_dump(mode="json", exclude={"launch"}), "seq_length": block.seq_length, "seed": seed,
             "suite": block.suites.get(block.stage.eval_suite or "")}
 
 

@@ -10,7 +10,8 @@
       └─ quantize        (flows/quantize.py: sensitivities -> per-operator formats -> export, rescored)
 
 The stages come from flows/registry.py (tests/flows/test_registry.py checks this list against it); each is called the same way, `flow(ctx, block,
-upstream)` (flows/stage.py), and hands the next a StageResult. One MLflow parent run per
+upstream)` (flows/stage.py), and hands the next a StageResult; a stage on our engine with a `launch`
+runs as one job instead, which calls its flow the same way where its compute is (flows/stage_job.py). One MLflow parent run per
 pipeline run (tagged with the Prefect flow-run id), one nested run per stage, and the
 closing table (flows/closing_table.py) as the parent run's report. `run_pipeline` is what
 `stagewise run` calls; it checks the stage selection and the runtime before Prefect starts.
@@ -32,6 +33,7 @@ from stagewise.engines.availability import EngineMissing, check_engine
 from stagewise.flows.closing_table import closing_rows, log_closing_table, markdown_table
 from stagewise.flows.registry import REGISTRY
 from stagewise.flows.stage import NO_START, Stage, StageContext, Upstream
+from stagewise.flows.stage_job import run_as_job, stage_launch
 from stagewise.model.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from stagewise.recipe import LoadedRecipe, Recipe, RecipeError, flatten_recipe, recipe_hash, select_stages
 from stagewise.recipe.errors import cite_location, locate
@@ -75,7 +77,10 @@ def pipeline_flow(
         for entry in chosen_stages(recipe, stages):
             started = time.monotonic()
             block = entry.select(recipe)
-            result = entry.flow(ctx, block, upstream.read_by(entry, block))  # the object Prefect links its edges by
+            given = upstream.read_by(entry, block)  # the object Prefect links its edges by
+            launch = stage_launch(recipe, entry.name)
+            result = (run_as_job(entry, ctx, block, given, launch, recipe.runtime) if launch is not None
+                      else entry.flow(ctx, block, given))
             if result.summary is not None:
                 result.summary.seconds = round(time.monotonic() - started, 1)
             publish_stage_row(result, stage_flow_run(result), tracker)
@@ -147,10 +152,10 @@ def check_engines(loaded: LoadedRecipe, names: list[str]) -> None:
     problems = []
     for name in names:
         block = getattr(loaded.recipe.stages, name, None)
-        if getattr(block, "engine", "torch") == "torch":
+        if getattr(block, "launch", None) is None:
             continue
         try:
-            check_engine(block.engine, block.launch, field=f"stages.{name}.launch")
+            check_engine(getattr(block, "engine", "torch"), block.launch, field=f"stages.{name}.launch")
         except EngineMissing as e:
             where = cite_location(locate(e.field, loaded.sources, str(loaded.path)))
             problems.append(f"{e.field}: {e.message} ({where})")

@@ -122,7 +122,7 @@ def heldout_path(block: QuantizeInputs, workdir: str, seed: int, base_dir: str, 
 
 def quantize_spec(block: QuantizeInputs, seed: int) -> dict:
     """What determines the outcome besides its inputs (start weights, calibration and held-out data)."""
-    return {"stage": block.stage, "seed": seed, "version": QUANT_VERSION,
+    return {"stage": block.stage.model_dump(mode="json", exclude={"launch"}), "seed": seed, "version": QUANT_VERSION,
             "suite": block.suites.get(block.stage.eval_suite or "")}
 
 

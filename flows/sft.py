@@ -50,6 +50,7 @@ from stagewise.data.digest import file_sha256 as file_hash
 from stagewise.data.reasoning_switch import SwitchSetting, refuse_without_switch, resolve_switch
 from stagewise.data.sft_assembly import pack_seed
 from stagewise.data.sources import resolve_path
+from stagewise.engines.config import where_free
 from stagewise.engines.launch.stage import run_engine, with_engine
 from stagewise.engines.megatron.chat_rows import write_chat_rows
 from stagewise.engines.megatron.stage import sft_plan
@@ -248,7 +249,7 @@ def _substage_on_megatron(ctx: StageContext, sub: SFTSubStage, train_cfg: TrainC
 
 def sft_spec(block: SFTInputs, packs: list[PackedRef], heldout: str | None, seed: int) -> dict:
     """What determines the stage's outcome (hashed with the start checkpoint, the packs and the held-out file)."""
-    return {"stage": block.stage, "mtp": block.mtp, "seed": seed, "packs": [p.digest for p in packs],
+    return {"stage": where_free(block.stage), "mtp": block.mtp, "seed": seed, "packs": [p.digest for p in packs],
             "suite": block.suites.get(block.stage.eval_suite or ""),
             "substage_suites": {s.name: block.suites.get((s.gate.suite if s.gate else s.eval_suite) or "")
                                 for s in block.stage.stages},

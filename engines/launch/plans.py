@@ -239,8 +239,9 @@ def _local(launch: LaunchConfig, entry: list[str], run: str, style: LauncherStyl
         return LaunchPlan(argv=cmd, cwd=workdir, env=env)
     if container_tool not in ("docker", "podman"):
         raise ValueError(f"container tool must be docker or podman, not {container_tool!r}")
-    # podman reaches GPUs through CDI (nvidia-ctk cdi generate); docker through --gpus.
-    gpus = ["--gpus", "all"] if container_tool == "docker" else ["--device", "nvidia.com/gpu=all"]
+    # podman reaches GPUs through CDI (nvidia-ctk cdi generate); docker through --gpus; a CPU job asks for none.
+    gpus = ([] if not launch.gpus_per_node else ["--gpus", "all"] if container_tool == "docker"
+            else ["--device", "nvidia.com/gpu=all"])
     argv = [container_tool, "run", "--rm", *gpus,
             # PyTorch's DataLoader workers and NCCL use shared memory; NVIDIA's containers ask for these.
             "--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
@@ -304,8 +305,9 @@ def slurm_script(launch: LaunchConfig, entry: Sequence[str], run_dir: str | os.P
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name={_file_stem(name)}",
              f"#SBATCH --nodes={launch.nodes}",
-             "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --gpus-per-node={launch.gpus_per_node}"]
+             "#SBATCH --ntasks-per-node=1"]
+    if launch.gpus_per_node:  # 0: a CPU job asks for no GRES
+        lines.append(f"#SBATCH --gpus-per-node={launch.gpus_per_node}")
     if sb.partition:
         lines.append(f"#SBATCH --partition={sb.partition}")
     if sb.account:
@@ -424,7 +426,7 @@ def kubernetes_manifest(launch: LaunchConfig, entry: Sequence[str], run_dir: str
             "workingDir": launch.env.workdir or run,
             "command": command,
             "env": container_env,
-            "resources": {"limits": {"nvidia.com/gpu": gpus}},
+            "resources": {"limits": {"nvidia.com/gpu": gpus}} if gpus else {},
             "volumeMounts": mounts,
         }],
         "volumes": volumes,

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from stagewise.config_base import StrictConfig
+from stagewise.engines.config import LaunchChoice
 from stagewise.recipe.blocks.contract import Stretch
 
 if TYPE_CHECKING:
     from stagewise.recipe.schema import Recipe
 
 
-class MergeStage(StrictConfig):
+class MergeStage(LaunchChoice):
     """Checkpoint merging over pretraining's stable phase (ALGORITHMS.md section 2, WSM)."""
 
     windows_tokens: list[int] = Field(min_length=1)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from stagewise.engines.config import EngineChoice, NemoGym
+from stagewise.engines.config import EngineChoice, NemoGym, where_free
 from stagewise.model.config import MonitorConfig, OptimizerConfig, ScheduleConfig, TrainConfig
 from stagewise.model.objectives.grpo import GRPOConfig
 from stagewise.model.rl_batches import SamplingSettings
@@ -116,6 +116,7 @@ def block_spec(stage: OnPolicyStage, exclude: set[str]) -> dict:
     `nemo_gym` only when given (it matters only to engine nemo_rl) and `rollout.sampler_precision`
     only when not `trainer` (what every step sampled with before the key existed), so a step
     finished before those keys existed keeps its hash."""
+    stage = where_free(stage)
     unset: dict = {k: True for k in exclude}
     if stage.nemo_gym is None:
         unset["nemo_gym"] = True

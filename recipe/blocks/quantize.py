@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from stagewise.engines.config import LaunchChoice
 from stagewise.quant.config import QuantizeConfig
 from stagewise.recipe.blocks.contract import Stretch
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from stagewise.recipe.schema import Recipe
 
 
-class QuantizeStage(QuantizeConfig):
+class QuantizeStage(QuantizeConfig, LaunchChoice):
     """Per-operator NVFP4 / FP8 / BF16 under a budget (or the Ultra heuristic), exported for deployment."""
 
     calib: str | None = None

@@ -28,7 +28,8 @@ class FakeTracker:
 def test_scores_evaluate_each_weights_once_and_copy_to_other_runs(monkeypatch):
     calls = []
 
-    def fake_heldout(ref, path, split, seed, pack_size, limit, tracker, run_id, device, switch):
+    def fake_heldout(ref, path, split, seed, pack_size, limit, tracker, run_id, device, switch, drop_reasoning):
+        assert drop_reasoning is False  # the recipe keeps its traces
         calls.append(("heldout", split, ref.path, run_id))
         tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, {f"eval/sft_{split}/loss": 2.0})])
         return {f"eval/sft_{split}/loss": 2.0}

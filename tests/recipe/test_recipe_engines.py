@@ -184,3 +184,36 @@ def test_run_exits_2_naming_the_missing_engine_and_how_to_get_it(tmp_path):
     assert "stages.pretrain.launch.env.venv" in text and "r.yaml:7" in text
     assert "megatron-bridge" in text and "nvcr.io/nvidia/nemo" in text  # how to get it
     assert not (tmp_path / "work" / "stages").exists()  # nothing started
+
+
+CPU_JOB = "{scheduler: slurm, env: {venv: /shared/venv}, gpus_per_node: 0}"
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "merge", "long_context", "sft", "rl", "distill", "quantize"])
+def test_every_stage_takes_a_launch_and_runs_on_our_engine_as_a_job(stage):
+    """engine torch with a launch: the stage runs as one job (flows/stage_job.py); gpus_per_node 0 is a CPU job."""
+    from stagewise.flows.stage_job import stage_launch
+
+    r = load_recipe(TINY, [f"stages.{stage}.launch={CPU_JOB}"]).recipe
+    launch = stage_launch(r, stage)
+    assert launch is not None and launch.scheduler == "slurm" and launch.gpus_per_node == 0
+    assert stage_launch(load_recipe(TINY).recipe, stage) is None  # no launch: in the run's process
+
+
+def test_a_launched_engine_on_no_gpus_is_refused_naming_the_field():
+    text = problems("stages.pretrain.engine=megatron", "stages.pretrain.launch={env: {venv: v}, gpus_per_node: 0}")
+    assert "stages.pretrain.launch.gpus_per_node: engine 'megatron' runs on GPUs" in text
+
+
+def test_where_our_engine_runs_is_no_part_of_its_steps():
+    """The same step directory in process and as a job (so a rerun either way reuses it); a launched
+    engine's launch stays part of its step."""
+    from stagewise.engines.config import where_free
+    from stagewise.recipe.blocks.on_policy import block_spec
+
+    here, there = (load_recipe(TINY, sets).recipe.stages for sets in ([], [f"stages.rl.launch={CPU_JOB}",
+                                                                           f"stages.sft.launch={CPU_JOB}"]))
+    assert block_spec(there.rl, set()) == block_spec(here.rl, set())
+    assert where_free(there.sft) == here.sft
+    mega = load_recipe(TINY, ["stages.pretrain.engine=megatron", f"stages.pretrain.launch={VENV}"]).recipe.stages
+    assert where_free(mega.pretrain).launch is not None

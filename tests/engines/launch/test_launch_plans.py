@@ -518,3 +518,16 @@ def test_gpu_rows_table_and_megatron_log(tmp_path, capsys):
     assert "│ missing " in table and "failed" in table
     with pytest.raises(ValueError):
         bench.make_row("x", "great")
+
+
+def test_a_cpu_job_asks_slurm_and_kubernetes_for_no_gpus(tmp_path):
+    """gpus_per_node 0 (a stage on our engine as a job): no --gpus-per-node GRES, no GPU limit, no --gpus."""
+    cpu = LaunchConfig.model_validate({"env": {"venv": "/v"}, "scheduler": "slurm", "gpus_per_node": 0})
+    text = plan_launch(cpu, ["python", "-m", "x"], RUN, style="single", name="sft-job").files[f"{RUN}/launch/sft-job.sbatch"]
+    assert "--gpus-per-node" not in text and "#SBATCH --nodes=1" in text
+    kube = LaunchConfig.model_validate({"env": {"image": IMAGE}, "scheduler": "kubernetes", "gpus_per_node": 0})
+    manifest = kubernetes_manifest(kube, ["python", "-m", "x"], RUN, style="single", name="sft-job")
+    (job,) = [i for i in manifest["items"] if i["kind"] == "Job"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"] == {}
+    local = LaunchConfig.model_validate({"env": {"image": IMAGE}, "gpus_per_node": 0})
+    assert "--gpus" not in plan_launch(local, ["python", "-m", "x"], RUN, style="single").argv
