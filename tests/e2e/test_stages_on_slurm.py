@@ -140,3 +140,26 @@ def test_a_killed_run_resumed_never_has_two_jobs_of_a_step_and_ends_with_the_sam
     assert max(seen) == 1 and 0 in seen, seen  # one job at a time, and a moment between the two
     assert weights(resumed["stages"][0]["checkpoint"]) == weights(baseline["stages"][0]["checkpoint"])
     assert slurm.jobs() == []
+
+
+def test_sigterm_of_the_run_cancels_its_job_before_it_exits(slurm, tmp_path):
+    """What a cancelled flow run or a stopped worker sends: the job is cancelled and has ended by the time
+    the run has exited (output to files: a temporary Prefect server the run started may outlive it)."""
+    workdir = tmp_path / "terminated"
+    values = [*SHORT, "stages.pretrain.tokens=49152", "stages.pretrain.checkpoint_every_tokens=2048",
+              f"stages.pretrain.launch={ON_SLURM}"]
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        run = subprocess.Popen([sys.executable, "-m", "stagewise.cli", "run", str(TINY), "--stages", "pretrain",
+                                *sets(f"workdir={workdir}", *values)], cwd=ROOT, env=dict(os.environ, CI="1"),
+                               stdout=out, stderr=err, start_new_session=True)
+        deadline = time.monotonic() + 600
+        while not list(workdir.glob("stages/pretrain-*/step-00000002/stagewise.json")):
+            assert run.poll() is None and time.monotonic() < deadline, (tmp_path / "err").read_text()[-3000:]
+            time.sleep(0.3)
+        assert [name for _, name, _ in slurm.jobs() if name.startswith("pretrain-job")]
+        run.send_signal(signal.SIGTERM)
+        run.wait(60)
+    assert slurm.jobs() == []  # cancelled, and ended, before the run exited
+    assert "interrupted: cancelling Slurm job" in (tmp_path / "err").read_text()
+    (job,) = (workdir / "launch").glob("pretrain-*")
+    assert not (job / ".job").exists()
