@@ -30,6 +30,7 @@ from stagewise.data.sft_packs import load_packed
 from stagewise.data.sft_rows import without_reasoning
 from stagewise.data.tool_arguments import arguments_form
 from stagewise.data.world.conversations import DOMAINS, domain_conversations
+from tests.data.test_chat_masks import supervised
 
 PUBLISHED = Path(__file__).parent / "templates" / "published"
 SHA256 = {  # of the files as TRL keeps them (trl/chat_templates/, huggingface/trl f2cd577): a changed byte fails here
@@ -86,19 +87,6 @@ def with_template(tokenizer_dir):
         tok.chat_template = chat_template() if name == "ours" else (PUBLISHED / name).read_text()
         return tok
     return make
-
-
-def supervised(tok, example) -> list[str]:
-    """The text of each run of supervised tokens of one (ids, mask) example."""
-    ids, mask = example
-    runs, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append(tok.decode(ids[start:i]))
-            start = None
-    return runs
 
 
 def before_run(example, n: int) -> list[int]:
