@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import textwrap
 import time
@@ -125,3 +126,44 @@ def test_an_interrupted_launch_kills_its_whole_process_group(tmp_path):
     else:
         os.kill(child, signal.SIGKILL)
         pytest.fail("the engine's child process outlived the interrupted launch")
+
+
+def test_an_interrupted_kubernetes_launch_deletes_its_job(tmp_path, monkeypatch):
+    """The plan's command streams the Job; interrupted, the task deletes the Job (with its pods) through a
+    stand-in kubectl on PATH, and waits until `get job` finds none, before the interruption goes on."""
+    from stagewise.engines.launch.plans import ScheduledJob
+    from stagewise.store.jobs import recorded
+
+    calls = tmp_path / "kubectl.calls"
+    kubectl = tmp_path / "bin" / "kubectl"
+    kubectl.parent.mkdir()
+    kubectl.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {calls}\n")  # `get job`: prints nothing, so no Job is left
+    kubectl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{kubectl.parent}:{os.environ['PATH']}")
+    argv = _script(tmp_path, """
+        import time
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+
+    class Interrupt(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().endswith("| ready"):
+                assert recorded(tmp_path / "step") is not None  # recorded while it runs
+                raise KeyboardInterrupt
+
+    handler = Interrupt()
+    log = logging.getLogger("stagewise")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    (tmp_path / "step").mkdir()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch_task.fn("grpo", argv, str(tmp_path), {}, str(tmp_path / "k.log"), FakeTracker(), "run",
+                           job=ScheduledJob("kubernetes", "grpo-0123", id="team/grpo-0123"), step_dir=str(tmp_path / "step"))
+    finally:
+        log.removeHandler(handler)
+    lines = calls.read_text().splitlines()
+    assert lines[0] == "-n team delete job grpo-0123 --ignore-not-found --wait=true --cascade=foreground"
+    assert lines[1] == "-n team get job grpo-0123 --ignore-not-found -o name"
+    assert recorded(tmp_path / "step") is None
