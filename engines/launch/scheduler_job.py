@@ -1,6 +1,6 @@
 """A launch that is a scheduler's job, followed to its end: never outliving its run, never passing for success.
 
-What a real Slurm does that `sbatch --wait` hides (../docs/DEPLOY.md, "Running on a Slurm cluster"):
+What a real Slurm does that `sbatch --wait` hides (docs/DEPLOY.md, "Running on a Slurm cluster"):
 a job cancelled while pending ends CANCELLED with exit code 0:0 and `sbatch --wait` exits 0; killing
 `sbatch --wait` leaves the job running; a request the partition can never meet may wait forever. So
 a Slurm launch here is
