@@ -88,7 +88,8 @@ def run_as_job(entry: Stage, ctx: StageContext, block, upstream: Upstream, launc
     try:
         (where / INPUTS).write_text(json.dumps(inputs, indent=1))
         (where / RESULT).unlink(missing_ok=True)
-        env = {"PREFECT_API_URL": _prefect_api()} if _prefect_api() else {}
+        api = _prefect_api()
+        env = {"PREFECT_API_URL": api} if api else {}
         name = f"{entry.name}-job"
         field = f"stages.{entry.name}.launch"
         plan = plan_launch(launch, ["python", "-m", JOB_MODULE, str(where / INPUTS)], where, style="single",

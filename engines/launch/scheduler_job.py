@@ -35,6 +35,9 @@ from stagewise.store.jobs import JobRecord, SlurmState, cancel_and_wait, forget,
 
 POLL_S = 2.0
 """How often the job's state is read and its output file looked at."""
+UNREADABLE_S = 600.0
+"""How long `scontrol` may fail in a row (a controller restarting, a network blip) before the job is
+given up as unknown: a long training job is not lost to one failed poll."""
 NEVER_CLEARS = ("PartitionConfig", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS",
                 "AccountNotAllowed", "QOSNotAllowed")
 """Pending reasons a job never leaves without a change to the cluster: the request does not fit the
@@ -112,11 +115,20 @@ def _follow(job: ScheduledJob, job_id: str, tail: _Tail, on_line: Callable[[str]
             max_pending_s: float | None, poll_s: float) -> SlurmState | None:
     """Stream the output until the job ends or Slurm forgets it; its last state seen (None: forgotten)."""
     pending_since = time.monotonic()
-    said = None
+    said, unreadable_since = None, None
     while True:
         for line in tail.lines():
             on_line(line)
-        state = slurm_state(job_id)
+        try:
+            state = slurm_state(job_id)
+        except RuntimeError as e:  # scontrol itself failed: keep following, up to UNREADABLE_S
+            unreadable_since = unreadable_since or time.monotonic()
+            if time.monotonic() - unreadable_since > UNREADABLE_S:
+                raise JobFailed(job.name, f"Slurm job {job_id}: its state could not be read for "
+                                          f"{UNREADABLE_S:.0f} s ({e})") from None
+            time.sleep(poll_s)
+            continue
+        unreadable_since = None
         if state is None or state.ended:
             return state
         shown = (state.state, state.reason if state.state == "PENDING" else None)

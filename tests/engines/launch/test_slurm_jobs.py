@@ -248,3 +248,20 @@ def test_torchrun_across_two_slurmd_daemons_meets_at_one_rendezvous(slurm, tmp_p
     ranks = sorted(line.split("| ", 1)[1] for line in caplog_lines if "rank " in line and " of 2 on " in line)
     assert [r.split(" on ")[0] for r in ranks] == ["rank 0 of 2", "rank 1 of 2"], caplog_lines
     assert {r.split(" on ")[1].split(":")[0] for r in ranks} == set(slurm.nodes)  # one rank on each node
+
+
+def test_a_failed_state_read_is_retried_not_taken_for_an_end(slurm, tmp_path, monkeypatch):
+    """scontrol failing for a while (a controller restarting) does not end the follow: the job completes."""
+    import stagewise.engines.launch.scheduler_job as follower
+
+    real, failures = follower.slurm_state, {"left": 3}
+
+    def flaky(job_id):
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("slurm_load_jobs error: Unable to contact slurm controller")
+        return real(job_id)
+
+    monkeypatch.setattr(follower, "slurm_state", flaky)
+    start(launch(), entry(tmp_path, "print('done', flush=True)\n"), tmp_path / "step")
+    assert failures["left"] == 0 and (tmp_path / "step" / "launch" / "train.exit").read_text() == "0\n"
