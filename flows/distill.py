@@ -143,7 +143,7 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
     with stage_run(ctx, STAGE, {"stagewise.start_checkpoint": start}) as run_id:
         rows = stage_rows(ctx, block.data, block.world_entities, None, STAGE)
         fixed = [_fixed_teacher(t, upstream, ctx.base_dir) for t in cfg.teachers if t.rl is None]
-        spec = {"stage": block_spec(cfg, {"vllm_url", "data"}), "data": block.data.model_dump(),
+        spec = {"stage": block_spec(cfg, {"vllm_url", "vllm_weight_sync", "data"}), "data": block.data.model_dump(),
                 "rl": block_spec(block.rl, set()) if block.rl else None, "suite": block.suites.get(cfg.eval_suite or ""),
                 "seed": ctx.seed, "version": DISTILL_VERSION} | switch_spec(block.reasoning_switch)
         out_dir = step_dir(ctx.stages_root, STAGE, spec, [checkpoint_hash(start), *rows.hashes(),
@@ -314,7 +314,7 @@ def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teache
     """One round: distil the teachers into the student; its own step and nested MLflow run (its id returned)."""
     cfg = block.stage
     name = f"{STAGE}/round-{r}"
-    not_trained = {"vllm_url", "rounds", "eval_suite", "eval_limit", "retention_margin", "data"}
+    not_trained = {"vllm_url", "vllm_weight_sync", "rounds", "eval_suite", "eval_limit", "retention_margin", "data"}
     spec = {"stage": block_spec(cfg, not_trained), "data": block.data.model_dump(), "seed": ctx.seed,
             "version": DISTILL_VERSION} | switch_spec(block.reasoning_switch)
     out_dir = step_dir(ctx.stages_root, f"{STAGE}-round", spec,
@@ -338,17 +338,19 @@ def _round(ctx: StageContext, block: DistillInputs, r: int, student: str, teache
 def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers: dict[str, str], rows: StageRows,
                  out_dir: Path, run_id: str) -> CheckpointRef:
     cfg, device = block.stage, ctx.runtime.device
-    refuse_backend(cfg.backend, str(device), "stages.distill")
+    refuse_backend(cfg, str(device), "stages.distill")
     tokenizer = install_chat_template(AutoTokenizer.from_pretrained(student))  # ours only where it carries none
     wiring = RLWiring(tokenizer, rows.train, _accuracy_only(), cfg.reasoning, block.reasoning_switch)
     routes = _routes(cfg, rows)
     policy = load_model(student, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    generator = stage_generator(cfg, policy, end_ids(tokenizer), pad_id, device)
     urls = {t.name: t.url for t in cfg.teachers}
     router = TeacherRouter({name: make_teacher(cfg.teacher_backend, name, path=path, url=urls[name], device=str(device))
                             for name, path in teachers.items()}, routes, cfg.default_teacher)
+    generator = None
     try:
+        generator = stage_generator(cfg, policy, end_ids(tokenizer), pad_id, device, student, out_dir,
+                                    ctx.runtime.precision_for(cfg.precision))
         by_domain, ratios = _prompts(cfg, rows)
         sampler = CurriculumSampler(by_domain, ratios, cfg.prompts_per_step, cfg.steps, None, ctx.seed)
         batches = DistillBatches(policy, generator, wiring.prompts, sampler, router.score, cfg.rollout, ctx.seed,
@@ -361,7 +363,7 @@ def _train_round(ctx: StageContext, block: DistillInputs, student: str, teachers
         return value_of(rl_train_task(trainer, batches, resume.path if resume else None, ctx.tracker, run_id))
     finally:
         router.close()
-        getattr(generator, "close", lambda: None)()
+        getattr(generator, "close", lambda: None)()  # a rollout worker or the stage's vLLM server stops too
 
 
 def _routes(cfg: DistillStage, rows: StageRows) -> dict[str, str]:

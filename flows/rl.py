@@ -10,7 +10,8 @@
       └─ rl-heldout (after)    the same evaluation on the trained weights
 
 MLflow: one run `rl` with per-step `rl/reward/<component>`, `rl/train_accuracy/<domain>`,
-`rl/kept_groups`, `rl/response_length`, `rl/is_masked_fraction`, `rl/clip_fraction`, `rl/kl`,
+`rl/kept_groups`, `rl/response_length`, `rl/is_masked_fraction`, `rl/logprob_mismatch` (mean |Δ log p|
+sampler vs trainer: what masked IS is for), `rl/clip_fraction`, `rl/kl`,
 `rl/entropy`, `rl/rollout_tokens_per_s`, `train/tokens_per_s`; the filter's counts
 (`rl/filter/...`); held-out `rl/<split>/pass_at_1/<domain>` and `rl/<split>/greedy/<domain>` at
 step 0 and at the end, per split of the held-out rows (eval/splits.py): `rl/dev/...` (what tuning and
@@ -72,6 +73,7 @@ from stagewise.model.objectives.grpo import GRPOObjective, token_logprobs
 from stagewise.model.rl_batches import RolloutBatches, pass_rates, seed_for
 from stagewise.model.rollout import make_generator
 from stagewise.model.train_spec import make_trainer
+from stagewise.model.vllm_server import VLLMServer, vllm_python
 from stagewise.recipe import Recipe
 from stagewise.recipe.blocks.on_policy import block_spec
 from stagewise.recipe.blocks.rl import RLStage
@@ -121,7 +123,7 @@ RL_VERSION = 2
 def rl_spec(block: RLInputs, seed: int) -> dict:
     """What determines the stage's outcome besides its inputs' hashes (rows, start checkpoint)."""
     # where a vLLM server listens says nothing about the weights: not hashed
-    spec = {"stage": block_spec(block.stage, {"vllm_url"}), "seed": seed, "version": RL_VERSION}
+    spec = {"stage": block_spec(block.stage, {"vllm_url", "vllm_weight_sync"}), "seed": seed, "version": RL_VERSION}
     ro = block.stage.rollout
     if block.stage.engine == "torch" and not ro.off_policy and ro.minibatches > 1:
         # a synchronous split batch's later parts train against the trainer's π_old (model/rl_batches.py),
@@ -191,7 +193,7 @@ def stage_rows(ctx: StageContext, data, world_entities: int, only_domains: list[
 def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, heldout_rows: dict[str, list],
            out_dir: Path, run_id: str, log) -> StageResult:
     cfg, device = block.stage, ctx.runtime.device
-    refuse_backend(cfg.backend, str(device), "stages.rl")
+    refuse_backend(cfg, str(device), "stages.rl")
     tokenizer = install_chat_template(AutoTokenizer.from_pretrained(start_from))  # ours only where it carries none
     trained = {r.domain for r in train_rows}  # held-out rows of the domains this stage trains
     untrained = sorted({str(r.domain) for rows in heldout_rows.values() for r in rows if r.domain not in trained})
@@ -209,7 +211,8 @@ def _train(ctx: StageContext, block: RLInputs, start_from: str, train_rows, held
                                                     max_prompt_tokens=_longest_prompt(wiring, train_rows)))
     policy = load_model(start_from, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    generator = stage_generator(cfg, policy, end_ids(tokenizer), pad_id, device)
+    generator = stage_generator(cfg, policy, end_ids(tokenizer), pad_id, device, start_from, out_dir,
+                                ctx.runtime.precision_for(cfg.precision))
     try:
         return _with_generator(ctx, block, start_from, train_rows, wiring, heldout_rows, policy, generator, pad_id,
                                out_dir, run_id, log)
@@ -336,20 +339,38 @@ def _longest_prompt(wiring, rows) -> int:
     return max(len(wiring.prompts[r.id].ids) for r in rows)
 
 
-def refuse_backend(backend: str, device: str, at: str) -> None:
-    """BadInput naming `<at>.backend` when the rollout backend cannot run on this runtime's device."""
-    if backend == "vllm" and not device.startswith("cuda"):
-        raise BadInput(f"{at}.backend: vllm syncs weights over NCCL from a CUDA device; the runtime is {device} "
-                       "(use backend: hf or hf-process on a CPU)")
+def refuse_backend(cfg, device: str, at: str) -> None:
+    """BadInput naming the key when the rollout backend cannot run here: NCCL weight sync off a CUDA
+    device, or a stage-started vLLM server with no vLLM to start (model/vllm_server.py says how to get one)."""
+    if cfg.backend != "vllm":
+        return
+    if cfg.vllm_weight_sync == "nccl" and not device.startswith("cuda"):
+        raise BadInput(f"{at}.vllm_weight_sync: nccl broadcasts weights from a CUDA device; the runtime is {device} "
+                       "(use vllm_weight_sync: files, or backend: hf / hf-process on a CPU)")
+    if cfg.vllm_url is None:
+        try:
+            vllm_python()
+        except RuntimeError as err:
+            raise BadInput(f"{at}.backend: vllm with no vllm_url starts a vLLM server for the stage, and {err}") from None
 
 
-def stage_generator(cfg, policy, end: list[int], pad_id: int, device):
+def stage_generator(cfg, policy, end: list[int], pad_id: int, device, start_from: str, out_dir: Path, precision: str):
     """The sampler an on-policy stage (RL, distillation) asks for: its `backend` with that backend's options
-    (the hf backends sample with `rollout.sampler_precision`'s copy; on_policy.py refuses bf16 on vllm)."""
-    precision = cfg.rollout.sampler_precision
-    options = {"hf": {"device": device, "precision": precision},
-               "hf-process": {"threads": cfg.worker_threads, "precision": precision},
-               "vllm": {"url": cfg.vllm_url}}[cfg.backend]
+    (the hf backends sample with `rollout.sampler_precision`'s copy; on_policy.py refuses bf16 on vllm).
+    backend vllm without a `vllm_url`: a server of the stage's own on `start_from`, in the trainer's
+    `precision`, its log `vllm.log` in `out_dir`, its weights reloaded from `out_dir`/vllm-weights, stopped
+    by the generator's close()."""
+    if cfg.backend == "vllm":
+        server = None
+        if cfg.vllm_url is None:
+            server = VLLMServer(start_from, dtype="bfloat16" if precision == "bf16" else "float32",
+                                log_path=out_dir / "vllm.log").start()
+        return make_generator("vllm", policy, end, pad_id, url=server.url if server else cfg.vllm_url,
+                              weight_sync=cfg.vllm_weight_sync, server=server,
+                              weights_dir=out_dir / "vllm-weights" if cfg.vllm_weight_sync == "files" else None)
+    sampler_precision = cfg.rollout.sampler_precision
+    options = {"hf": {"device": device, "precision": sampler_precision},
+               "hf-process": {"threads": cfg.worker_threads, "precision": sampler_precision}}[cfg.backend]
     return make_generator(cfg.backend, policy, end, pad_id, **options)
 
 
@@ -380,7 +401,8 @@ STAGE_ENTRY = Stage(name=STAGE, flow=rl_flow, select=select, start="handed_on",
                              Signal("tokens masked by importance sampling", ("rl/is_masked_fraction",))))
 
 
-RL_OBJECTIVE_METRICS = ("pg_loss", "clip_fraction", "is_masked_fraction", "kl", "entropy", "ratio_mean")
+RL_OBJECTIVE_METRICS = ("pg_loss", "clip_fraction", "is_masked_fraction", "logprob_mismatch", "kl", "entropy",
+                        "ratio_mean")
 """The objective's values that are RL's own: logged as `rl/<name>`, next to what the batch source measured
 (`rl/reward/<component>`, kept groups, response length, rollout tokens/s)."""
 

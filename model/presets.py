@@ -1,7 +1,7 @@
 """Named NemotronH shapes: the `preset:` a recipe picks.
 
-Two hand-made shapes for CPU work (`tiny` for the demo and tests, `small` for a longer
-local run) and the published shapes, read from `model/presets/<name>.json` (file stem =
+Three hand-made shapes for CPU work (`tiny` for the demo and tests, `tiny-dense` the same without
+MoE layers for vLLM's CPU build, `small` for a longer local run) and the published shapes, read from `model/presets/<name>.json` (file stem =
 preset name). Each JSON holds the NemotronHConfig kwargs under `config` and, under
 `_about`, where the shape comes from and its exact parameter count (the tests check it).
 
@@ -84,7 +84,12 @@ _SMALL: dict[str, Any] = {
     "max_position_embeddings": 32768,
 }
 
-_BUILTIN = {"tiny": _TINY, "small": _SMALL}
+# `tiny` without its MoE layers (each E an MLP): what vLLM's CPU build serves (its fused-MoE kernel refuses
+# NemotronH's non-gated relu2 experts off CUDA, docs/STACK.md), so the tests of the real vLLM paths and a
+# CPU recipe with `backend: vllm` use it.
+_TINY_DENSE: dict[str, Any] = {**_TINY, "hybrid_override_pattern": "M*-M--"}
+
+_BUILTIN = {"tiny": _TINY, "tiny-dense": _TINY_DENSE, "small": _SMALL}
 
 
 @cache

@@ -27,16 +27,14 @@ Both run the teacher without gradients; nothing here imports Prefect or MLflow.
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.error
-import urllib.request
 from typing import Any, Literal, Protocol
 
 import torch
 
 from stagewise.model.build import load_model
 from stagewise.model.objectives.grpo import token_logprobs
+from stagewise.model.vllm_client import VLLMClient
 
 
 class Teacher(Protocol):
@@ -169,29 +167,12 @@ class VLLMTeacher:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         self.url, self.name, self.timeout_s, self.batch = url.rstrip("/"), name, timeout_s, batch
-        self.model = model if model is not None else self._only_model()
-
-    def _request(self, path: str, body: dict | None = None) -> dict:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read().decode())
-        except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")[:500]
-            raise RuntimeError(f"teacher {self.name!r}: vLLM server at {self.url} answered {err.code} to {path}: "
-                               f"{detail}") from None
-        except (urllib.error.URLError, OSError) as err:
-            raise RuntimeError(f"teacher {self.name!r}: no vLLM server answers at {self.url} ({err}); start one: "
-                               f"`vllm serve <teacher checkpoint> --port <port> --max-logprobs 1`") from None
-
-    def _only_model(self) -> str:
-        models = [m.get("id") for m in self._request("/v1/models").get("data", [])]
-        if len(models) != 1:
-            raise RuntimeError(f"teacher {self.name!r}: the vLLM server at {self.url} serves {models}; "
-                               f"name the teacher's model explicitly")
-        return models[0]
+        self.client = VLLMClient(self.url, timeout_s, who=f"teacher {name!r}",
+                                 hint="; start one: `vllm serve <teacher checkpoint> --port <port> --max-logprobs 1` "
+                                      "(or `stagewise serve-model <teacher checkpoint> --port <port>`)")
+        if model is not None:
+            self.client._model = model
+        self.model = self.client.model()
 
     def sequence_logprobs(self, sequences: list[list[int]], temperature: float,
                           score_from: list[int] | None = None) -> list[torch.Tensor]:
@@ -202,8 +183,8 @@ class VLLMTeacher:
         out: list[torch.Tensor] = []
         for start in range(0, len(sequences), self.batch):
             part = [list(map(int, s)) for s in sequences[start:start + self.batch]]
-            answer = self._request("/v1/completions", {
-                "model": self.model, "prompt": part, "max_tokens": 1, "temperature": 1.0,
+            answer = self.client.completions({
+                "prompt": part, "max_tokens": 1, "temperature": 1.0,
                 "prompt_logprobs": 0, "echo": False})
             choices = answer.get("choices") or []
             if len(choices) != len(part):

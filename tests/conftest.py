@@ -124,3 +124,53 @@ def slurm_one_node(tmp_path_factory, monkeypatch):
     with _slurm_cluster(tmp_path_factory, 1) as cluster:
         monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
         yield cluster
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection
+def pytest_collection_modifyitems(items):
+    """Tests marked `vllm` count as `slow` too (as the megatron ones: tests/engines/conftest.py)."""
+    for item in items:
+        if item.get_closest_marker("vllm") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def vllm_python():
+    """vLLM's CPU build's interpreter ($STAGEWISE_VLLM_PYTHON, else .venv-vllm/bin/python; `python3 dev.py
+    vllm-env`), exported as STAGEWISE_VLLM_PYTHON for what the tests start (a stage's own server,
+    `stagewise serve-model`)."""
+    from tests.side_envs import side_python
+
+    python = side_python("vLLM", ".venv-vllm", "STAGEWISE_VLLM_PYTHON", "VLLM_STAMP", "vllm_pins_key", "VLLM_PINS",
+                         "vllm-env")
+    os.environ["STAGEWISE_VLLM_PYTHON"] = str(python)
+    return python
+
+
+@pytest.fixture(scope="session")
+def dense_chat_checkpoint(chat_tokenizer_dir, tmp_path_factory):
+    """A randomly initialised `tiny-dense` model (what vLLM's CPU build serves: no MoE layers) in fp32, saved
+    with the session's chat tokenizer and our template."""
+    from transformers import AutoTokenizer
+
+    from stagewise.model.build import build_model
+    from stagewise.model.config import ModelConfig
+
+    out = tmp_path_factory.mktemp("dense-chat")
+    tok = AutoTokenizer.from_pretrained(chat_tokenizer_dir)
+    tok.save_pretrained(out)
+    build_model(ModelConfig(preset="tiny-dense"), len(tok), seed=0).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_python, dense_chat_checkpoint, tmp_path_factory):
+    """A real vLLM server (fp32, weight reload on) on dense_chat_checkpoint for the session's `vllm` tests
+    (one xdist worker runs them all: their modules are in xdist_group "vllm"); stopped at the end.
+    A test that needs particular weights loads them first (VLLMGenerator.sync_weights)."""
+    from stagewise.model.vllm_server import VLLMServer
+
+    server = VLLMServer(dense_chat_checkpoint, python=str(vllm_python), dtype="float32",
+                        log_path=tmp_path_factory.mktemp("vllm") / "server.log").start()
+    yield server
+    server.stop()

@@ -176,6 +176,12 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, temperature:
     return logp, entropy
 
 
+def _mismatch_sum(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ |old - rollout| over the response tokens whose sampler log-prob is a number."""
+    diff = (old.float() - rollout.float()).abs()
+    return torch.where((mask > 0) & torch.isfinite(diff), diff, torch.zeros_like(diff)).sum()
+
+
 def k3(logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi || ref) per sampled token: exp(d) - d - 1, d = ref - logp (>= 0)."""
     d = ref - logp
@@ -207,7 +213,11 @@ class GRPOObjective:
     IS-weighted clipped term), kl (mean k3 over response tokens; 0 without ref_logprobs),
     entropy (mean over response tokens), ratio_mean (mean rho), clip_fraction (kept tokens
     whose clipped branch is the active one, i.e. that get no gradient from the clip),
-    is_masked_fraction (response tokens dropped by the IS mask), response_tokens (a count),
+    is_masked_fraction (response tokens dropped by the IS mask), logprob_mismatch (mean |log π_old -
+    log π_rollout| over response tokens: the trainer's log-prob of a sampled token, under the weights
+    that sampled it, against the sampler's own; vLLM's kernels or bf16 against the trainer's fp32, plus
+    one optimizer step where off-policy batches carry no π_old; a token the sampler could not score,
+    NaN, counts 0 here and as masked above), response_tokens (a count),
     and lb_loss with a routing monitor."""
 
     def __init__(self, cfg: GRPOConfig | None = None, lb_loss_coeff: float = 0.0) -> None:
@@ -256,6 +266,7 @@ class GRPOObjective:
                 "ratio_mean": (mask * rho).sum() / denom,
                 "clip_fraction": is_clipped.sum() / denom,
                 "is_masked_fraction": (mask - kept).sum() / denom,
+                "logprob_mismatch": _mismatch_sum(old, micro["rollout_logprobs"], mask) / denom,
                 "response_tokens": n_tokens,
             }
         total = add_auxiliary(total, metrics, share, self.lb_loss_coeff, ctx, None, lambda: [])

@@ -51,11 +51,17 @@ class OnPolicyStage(EngineChoice):
     backend: Literal["hf", "hf-process", "vllm"] = "hf"
     """Rollout backend: hf (transformers' generate in process, CPU or GPU), hf-process (the same in a
     worker process, so off-policy sampling overlaps training without the GIL), or vllm (a vLLM
-    server started with TRL's weight-sync flags, model/rollout/vllm.py; GPU extra)."""
+    server, model/rollout/vllm.py: the stage starts one on its starting checkpoint unless
+    `vllm_url` names a running one; its weights follow the trainer's every rollout step)."""
     worker_threads: int = Field(1, ge=1)
     """hf-process: torch threads of the rollout worker (the trainer keeps the rest)."""
-    vllm_url: str = "http://127.0.0.1:8000"
-    """Where the policy's vLLM server listens (backend vllm)."""
+    vllm_url: str | None = None
+    """backend vllm: a running server's URL; None starts one for the stage (STAGEWISE_VLLM_PYTHON's
+    vLLM, model/vllm_server.py) and stops it with the stage."""
+    vllm_weight_sync: Literal["files", "nccl"] = "files"
+    """backend vllm: how the trainer's weights reach the server: files (written as safetensors and
+    reloaded by the server, CPU or GPU, the server on this machine or a shared file system) or nccl
+    (TRL's broadcast from a CUDA device into a server at `vllm_url` started with TRL's flags)."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """auto: bf16 autocast on CUDA with bf16 support, fp32 otherwise."""
     checkpoint_every_steps: int | None = Field(None, gt=0)
@@ -85,6 +91,14 @@ class OnPolicyStage(EngineChoice):
                              "server's (set it there), so leave sampler_precision at trainer")
         return self
 
+    @model_validator(mode="after")
+    def _nccl_needs_a_running_server(self) -> "OnPolicyStage":
+        """NCCL weight sync joins a server started with TRL's weight-transfer flags: the stage cannot start it."""
+        if self.backend == "vllm" and self.vllm_weight_sync == "nccl" and not self.vllm_url:
+            raise ValueError("vllm_weight_sync: nccl broadcasts into a server started with TRL's weight-transfer "
+                             "flags: give its vllm_url (or use vllm_weight_sync: files, and the stage starts its own)")
+        return self
+
     def samples_per_step(self) -> int:
         """Rows of one optimizer step: a rollout batch's samples over the steps it is trained as."""
         return max(1, self.prompts_per_step * self.rollout.group_size // self.rollout.optimizer_steps())
@@ -111,15 +125,25 @@ class OnPolicyStage(EngineChoice):
         return scaled(self.stretches(at), fraction)
 
 
+LEGACY_VLLM_URL = "http://127.0.0.1:8000"
+"""`vllm_url`'s default until 2026-12: what a spec that hashes the key reads for an unset one."""
+
+
 def block_spec(stage: OnPolicyStage, exclude: set[str]) -> dict:
     """An RL or distill block as a step spec without `exclude`, keys as the recipe spells them;
     `nemo_gym` only when given (it matters only to engine nemo_rl) and `rollout.sampler_precision`
-    only when not `trainer` (what every step sampled with before the key existed), so a step
-    finished before those keys existed keeps its hash."""
+    only when not `trainer` (what every step sampled with before the key existed), `vllm_weight_sync`
+    only when not `files`, and an unset `vllm_url` as LEGACY_VLLM_URL (the key's default before a stage
+    could start its own server), so a step finished before those keys existed keeps its hash."""
     stage = where_free(stage)
     unset: dict = {k: True for k in exclude}
     if stage.nemo_gym is None:
         unset["nemo_gym"] = True
     if stage.rollout.sampler_precision == "trainer" and "rollout" not in unset:
         unset["rollout"] = {"sampler_precision": True}
-    return stage.model_dump(exclude=unset, by_alias=True)
+    if stage.vllm_weight_sync == "files":
+        unset["vllm_weight_sync"] = True
+    spec = stage.model_dump(exclude=unset, by_alias=True)
+    if "vllm_url" in spec and spec["vllm_url"] is None:  # where a spec hashes it (distillation's RL block)
+        spec["vllm_url"] = LEGACY_VLLM_URL
+    return spec

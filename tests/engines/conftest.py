@@ -10,13 +10,11 @@ them. They are left out by default (pyproject.toml's addopts) and count as `slow
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.side_envs import side_python as _side_python
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection
@@ -24,34 +22,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("megatron") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
-
-
-def _on_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _side_python(what: str, venv: str, override: str, stamp: str, key: str, pins: str, command: str) -> Path:
-    """A side environment's interpreter ($override, else <venv>/bin/python), checked to be the one dev.py's
-    pins build (its stamp holds their hash). Missing or stale: a failure on CI (these tests must run
-    there), a skip elsewhere."""
-    given = os.environ.get(override)
-    python = Path(given) if given else ROOT / venv / "bin" / "python"
-    problem = None
-    if not python.exists():
-        problem = f"no {what} side environment at {python}"
-    elif not given:
-        spec = importlib.util.spec_from_file_location("stagewise_dev", ROOT / "dev.py")
-        dev = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(dev)
-        path = getattr(dev, stamp)
-        if not path.is_file() or path.read_text() != getattr(dev, key)():
-            problem = f"{python.parents[1]} was not built from dev.py's {pins} (or its build did not finish)"
-    if problem:
-        how = f"`python3 dev.py {command}` builds it"
-        if _on_ci():
-            pytest.fail(f"{problem}; {how} (CI is set: these tests must run, never skip)", pytrace=False)
-        pytest.skip(f"{problem}; {how}")
-    return python
 
 
 @pytest.fixture(scope="session")

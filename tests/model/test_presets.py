@@ -10,7 +10,7 @@ PUBLISHED = ["nemotron-3-nano-30b-a3b", "nemotron-3-nano-4b", "nemotron-h-8b", "
 
 
 def test_names_cover_builtins_and_published_files():
-    assert preset_names() == ["tiny", "small", *PUBLISHED]
+    assert preset_names() == ["tiny", "tiny-dense", "small", *PUBLISHED]
 
 
 @pytest.mark.parametrize("name", PUBLISHED)
@@ -28,7 +28,7 @@ def test_30b_active_params_match_published():
     assert report.active_params == preset_about("nemotron-3-nano-30b-a3b")["active_params"] == 3_580_076_352
 
 
-@pytest.mark.parametrize(("name", "low", "high"), [("tiny", 1e6, 3e6), ("small", 20e6, 50e6)])
+@pytest.mark.parametrize(("name", "low", "high"), [("tiny", 1e6, 3e6), ("tiny-dense", 1e6, 3e6), ("small", 20e6, 50e6)])
 def test_builtin_sizes_at_demo_vocab(name, low, high):
     report = inspect_model(ModelConfig(preset=name), 4096, seq_length=8, micro_batch=1)
     assert low <= report.total_params <= high
@@ -43,6 +43,15 @@ def test_builtins_set_the_risky_defaults_and_every_layer_type(name):
     assert kw["n_shared_experts"] == 1
 
 
+def test_tiny_dense_is_tiny_with_an_mlp_for_every_moe_layer():
+    """What vLLM's CPU build can serve: no E layer, everything else tiny's (same layer count, same mixers)."""
+    tiny, dense = preset_kwargs("tiny"), preset_kwargs("tiny-dense")
+    assert "E" not in dense["hybrid_override_pattern"]
+    assert dense["hybrid_override_pattern"] == tiny["hybrid_override_pattern"].replace("E", "-")
+    assert {k: v for k, v in dense.items() if k != "hybrid_override_pattern"} == {
+        k: v for k, v in tiny.items() if k != "hybrid_override_pattern"}
+
+
 def test_preset_kwargs_is_a_fresh_copy():
     kw = preset_kwargs("nemotron-3-nano-4b")
     kw["hidden_size"] = 1
@@ -51,5 +60,5 @@ def test_preset_kwargs_is_a_fresh_copy():
 
 
 def test_unknown_preset_lists_names():
-    with pytest.raises(ValueError, match="unknown model preset 'tinyy'.*tiny, small, nemotron"):
+    with pytest.raises(ValueError, match="unknown model preset 'tinyy'.*tiny, tiny-dense, small, nemotron"):
         preset_kwargs("tinyy")

@@ -1,6 +1,7 @@
-"""The vLLM rollout backend without a server: the missing-package message, the answer -> Rollout
-conversion on hand-written server answers (VLLMClient.generate's format), and the requests it
-makes through a recording client."""
+"""The vLLM rollout backend without a server: the missing-package message of the NCCL path, the
+answer -> Rollout conversion on hand-written server answers (VLLMClient.generate's format, and vLLM's
+/v1/completions answer put in it), and the requests the NCCL path makes through a recording client.
+The files path against a real vLLM server: tests/model/test_vllm_real.py (marked `vllm`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from stagewise.model.rollout import Rollout, make_generator
-from stagewise.model.rollout.vllm import VLLMGenerator, rollouts_from_server
+from stagewise.model.rollout.vllm import VLLMGenerator, _from_completions, rollouts_from_server
 
 END, PAD = 2, 0
 
@@ -26,7 +27,7 @@ def _no_trl(monkeypatch):
 def test_without_trl_the_backend_says_what_to_install_and_how_to_start_the_server(monkeypatch):
     _no_trl(monkeypatch)
     with pytest.raises(RuntimeError) as err:
-        make_generator("vllm", torch.nn.Linear(2, 2), [END], PAD, url="http://127.0.0.1:8000")
+        make_generator("vllm", torch.nn.Linear(2, 2), [END], PAD, url="http://127.0.0.1:8000", weight_sync="nccl")
     message = str(err.value)
     assert "pip install 'stagewise[gpu]'" in message
     assert "trl vllm-serve --model <checkpoint>" in message and "vllm serve" in message
@@ -44,7 +45,7 @@ def test_with_trl_but_without_vllm_the_clients_import_error_becomes_the_same_mes
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "trl.generation.vllm_client", module)
     with pytest.raises(RuntimeError, match=r"vLLM is not installed.*pip install 'stagewise\[gpu\]'"):
-        VLLMGenerator(torch.nn.Linear(2, 2), [END], PAD)
+        VLLMGenerator(torch.nn.Linear(2, 2), [END], PAD, weight_sync="nccl")
 
 
 def _answer(completions, logprobs, logprob_ids=None):
@@ -86,6 +87,29 @@ def test_an_answer_that_does_not_fit_the_request_is_refused(bad, match):
         rollouts_from_server([[3]], 2, answer, [END])
 
 
+def test_a_completions_answer_is_read_in_index_order_with_each_sampled_tokens_logprob():
+    """vLLM's /v1/completions choices (index = prompt * n + sample), token ids and logprobs=0's token_logprobs."""
+    answer = {"choices": [
+        {"index": 1, "token_ids": [8, 8], "logprobs": {"token_logprobs": [-1.0, None]}},
+        {"index": 0, "token_ids": [9, END], "logprobs": {"token_logprobs": [-0.5, -0.1]}},
+    ]}
+    groups = rollouts_from_server([[5, 6]], 2, _from_completions(answer, 1, 2), [END])
+    assert groups[0][0] == Rollout([5, 6], [9, END], [-0.5, -0.1], True)
+    assert groups[0][1].response_ids == [8, 8] and math.isnan(groups[0][1].logprobs[1]) and not groups[0][1].finished
+    with pytest.raises(ValueError, match="2 choices for 3 prompts x n=1"):
+        _from_completions(answer, 3, 1)
+    with pytest.raises(ValueError, match="logprobs=0 and return_token_ids"):
+        _from_completions({"choices": [{"index": 0, "token_ids": [9], "logprobs": None}]}, 1, 1)
+
+
+def test_files_sync_needs_no_server_to_be_made_and_an_absent_one_is_named_when_asked():
+    gen = VLLMGenerator(torch.nn.Linear(2, 2), [END], PAD, url="http://127.0.0.1:9")
+    with pytest.raises(RuntimeError, match=r"rollouts: no vLLM server answers at http://127.0.0.1:9"):
+        gen.generate([[5]], n=1, max_new_tokens=2, temperature=1.0, seed=0)
+    gen.close()
+    assert not gen.weights_dir.exists()  # its temporary weights directory goes with it
+
+
 class RecordingClient:
     """Answers like VLLMClient and records what it was asked."""
 
@@ -109,7 +133,7 @@ class RecordingClient:
 
 def test_generate_sends_token_prompts_with_the_steps_seed_and_the_end_tokens_as_stops():
     client = RecordingClient()
-    gen = VLLMGenerator(torch.nn.Linear(2, 2), [END, 11], PAD, client=client)
+    gen = VLLMGenerator(torch.nn.Linear(2, 2), [END, 11], PAD, client=client, weight_sync="nccl")
     groups = gen.generate([[5, 6], [7]], n=3, max_new_tokens=16, temperature=0.8, seed=1234)
     (_, request), = client.calls
     assert request == {"prompts": [[5, 6], [7]], "n": 3, "temperature": 0.8, "max_tokens": 16, "logprobs": 0,
@@ -122,7 +146,7 @@ def test_generate_sends_token_prompts_with_the_steps_seed_and_the_end_tokens_as_
 def test_sync_weights_pushes_parameters_once_connected_and_updates_the_scoring_copy():
     policy = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))  # has buffers too
     client = RecordingClient()
-    gen = VLLMGenerator(policy, [END], PAD, client=client, device="cpu")
+    gen = VLLMGenerator(policy, [END], PAD, client=client, device="cpu", weight_sync="nccl")
     new = {k: v + 1 if v.is_floating_point() else v for k, v in policy.state_dict().items()}
     gen.sync_weights(new)
     gen.sync_weights(new)

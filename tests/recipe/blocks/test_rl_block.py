@@ -46,16 +46,24 @@ def test_a_domain_share_must_be_positive():
     assert "stages.rl.domains.arithmetic" in problems("stages.rl.domains={arithmetic: 0, format: 1}")
 
 
-def test_vllm_rollouts_need_a_cuda_runtime():
+def test_vllm_rollouts_refuse_nccl_off_cuda_and_a_missing_vllm_naming_the_key(monkeypatch, tmp_path):
     from stagewise.data.errors import BadInput
     from stagewise.flows.rl import refuse_backend
 
-    with pytest.raises(BadInput, match="stages.rl.backend: vllm"):
-        refuse_backend("vllm", "cpu", "stages.rl")
-    with pytest.raises(BadInput, match="stages.distill.backend: vllm"):
-        refuse_backend("vllm", "cpu", "stages.distill")
-    refuse_backend("vllm", "cuda:0", "stages.rl")
-    refuse_backend("hf", "cpu", "stages.rl")
+    def rl(*overrides: str):
+        return select(load_recipe(TINY, ["stages.rl.backend=vllm", *overrides]).recipe).stage
+
+    nccl = rl("stages.rl.vllm_weight_sync=nccl", "stages.rl.vllm_url=\"http://127.0.0.1:8000\"")
+    with pytest.raises(BadInput, match="stages.rl.vllm_weight_sync: nccl broadcasts weights from a CUDA device"):
+        refuse_backend(nccl, "cpu", "stages.rl")
+    refuse_backend(nccl, "cuda:0", "stages.rl")
+    refuse_backend(rl("stages.rl.vllm_url=\"http://127.0.0.1:8000\""), "cpu", "stages.rl")  # files, a given server
+    monkeypatch.setenv("STAGEWISE_VLLM_PYTHON", str(tmp_path / "no-python"))
+    with pytest.raises(BadInput, match=r"stages.distill.backend: vllm with no vllm_url starts a vLLM server .*"
+                                       r"STAGEWISE_VLLM_PYTHON=.*no-python: no such file; .*dev.py vllm-env"):
+        refuse_backend(rl(), "cpu", "stages.distill")
+    refuse_backend(select(load_recipe(TINY).recipe).stage, "cpu", "stages.rl")  # backend hf: nothing to refuse
+    assert "give its vllm_url" in problems("stages.rl.backend=vllm", "stages.rl.vllm_weight_sync=nccl")
 
 
 def test_settings_that_would_do_nothing_are_refused():
