@@ -82,12 +82,18 @@ def chat_tokenizer(chat_tokenizer_dir):
 def pytest_collection_modifyitems(items):
     """Groups for `--dist loadgroup` (python3 dev.py test runs two xdist workers): every test on the
     shared pretraining (tests/e2e/conftest.py tiny_pretrain), and on the stages later tests reuse from
-    its workdir, in one worker, in file order; every other slow or megatron test with the rest of its
-    module, so a module-scoped pipeline run or side-environment process runs once, not once per worker."""
+    its workdir, in one worker, in file order; every test marked `vllm` in one group (they share the
+    session's vLLM server), and counted `slow` too (as the megatron ones: tests/engines/conftest.py);
+    every other slow or megatron test with the rest of its module, so a module-scoped pipeline run or
+    side-environment process runs once, not once per worker."""
     for item in items:
+        if item.get_closest_marker("vllm") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("xdist_group"):
             continue
-        if "tiny_pretrain" in getattr(item, "fixturenames", ()):
+        if item.get_closest_marker("vllm"):
+            group = "vllm"
+        elif "tiny_pretrain" in getattr(item, "fixturenames", ()):
             group = "tiny_pretrain"
         elif item.get_closest_marker("slow") or item.get_closest_marker("megatron"):
             group = item.nodeid.split("::")[0]
@@ -126,14 +132,6 @@ def slurm_one_node(tmp_path_factory, monkeypatch):
         yield cluster
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection
-def pytest_collection_modifyitems(items):
-    """Tests marked `vllm` count as `slow` too (as the megatron ones: tests/engines/conftest.py)."""
-    for item in items:
-        if item.get_closest_marker("vllm") and not item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.slow)
-
-
 @pytest.fixture(scope="session")
 def vllm_python():
     """vLLM's CPU build's interpreter ($STAGEWISE_VLLM_PYTHON, else .venv-vllm/bin/python; `python3 dev.py
@@ -166,7 +164,7 @@ def dense_chat_checkpoint(chat_tokenizer_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python, dense_chat_checkpoint, tmp_path_factory):
     """A real vLLM server (fp32, weight reload on) on dense_chat_checkpoint for the session's `vllm` tests
-    (one xdist worker runs them all: their modules are in xdist_group "vllm"); stopped at the end.
+    (one xdist worker runs them all: pytest_collection_modifyitems groups them); stopped at the end.
     A test that needs particular weights loads them first (VLLMGenerator.sync_weights)."""
     from stagewise.model.vllm_server import VLLMServer
 

@@ -47,6 +47,7 @@ nothing here imports vllm.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -220,9 +221,14 @@ class VLLMGenerator:
         return rollouts_from_server(prompts, n, output, self.end_ids)
 
     def close(self) -> None:
-        """Stop the server this generator owns (if any) and remove its temporary weights."""
+        """Stop the server this generator owns (if any) and remove the weights file it wrote."""
         if self.server is not None:
             self.server.stop()
             self.server = None
-        if self.weight_sync == "files" and self._own_dir:
-            shutil.rmtree(self.weights_dir, ignore_errors=True)
+        if self.weight_sync == "files":  # a full copy of the weights: gone with the sampler (a temporary dir whole)
+            if self._own_dir:
+                shutil.rmtree(self.weights_dir, ignore_errors=True)
+            else:
+                (self.weights_dir / "model.safetensors").unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    self.weights_dir.rmdir()

@@ -20,17 +20,11 @@ from stagewise.model.objectives.grpo import token_logprobs
 from stagewise.model.rollout.hf import HFGenerator
 from stagewise.model.rollout.vllm import VLLMGenerator
 from stagewise.model.teachers import HFTeacher, VLLMTeacher
+from tests.vllm_checks import greedy_agrees, prompts
 
-pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
+pytestmark = pytest.mark.vllm
 
 END = 2  # the chat tokenizer's <|eos|>... any id works as a stop: the comparison uses the same ends on both sides
-
-
-def prompts(tokenizer, n: int = 32) -> list[list[int]]:
-    """n chat prompts rendered by the checkpoint's own template (the generation prompt included)."""
-    return [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i} + {2 * i + 1}?"}],
-                                          add_generation_prompt=True, tokenize=True, return_dict=False)
-            for i in range(n)]
 
 
 def nudged(policy: torch.nn.Module, seed: int, scale: float = 0.05) -> dict[str, torch.Tensor]:
@@ -38,17 +32,6 @@ def nudged(policy: torch.nn.Module, seed: int, scale: float = 0.05) -> dict[str,
     g = torch.Generator().manual_seed(seed)
     return {k: v + scale * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
             for k, v in policy.state_dict().items()}
-
-
-def greedy_agrees(policy, prompt: list[int], got: list[int], want: list[int]) -> bool:
-    """Equal, or diverging first where the trainer's top two logits tie within 1e-4 (see the module docstring)."""
-    if got == want:
-        return True
-    k = next(i for i, (a, b) in enumerate(zip(got + [-1], want + [-2])) if a != b)
-    with torch.no_grad():
-        logits = policy(torch.tensor([prompt + want[:k]])).logits[0, -1].float()
-    top = logits.topk(2).values
-    return float(top[0] - top[1]) < 1e-4
 
 
 @pytest.fixture(scope="module")
