@@ -68,6 +68,7 @@ def eval_cmd(
     seed: int = typer.Option(0, "--seed", help="With --rows: the sampling seed."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most N items per task, or N rows taken round-robin over their domains (a quick look)."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, help="Sequences per forward pass."),
+    engine: str = typer.Option("hf", "--engine", help="hf: transformers in this process; vllm: a vLLM server started on the checkpoint for the run (STAGEWISE_VLLM_PYTHON; lm-eval's local-completions model), --tasks and --suite only."),
     device: str = typer.Option("auto", "--device", help="auto (the recipe's runtime.device with --recipe, else cuda when present, else cpu), cpu or cuda."),
     overrides: list[str] = SetOpt,
     as_json: bool = JsonOpt,
@@ -88,12 +89,17 @@ def eval_cmd(
     Example:
       stagewise eval runs/tiny/stages/pretrain-*/step-00000360 --suite chat --recipe recipes/tiny.yaml --limit 20
       stagewise eval runs/tiny/stages/pretrain-*/step-00000360 --tasks world --json
+      stagewise eval runs/tiny/stages/rl-*/step-00000160 --tasks world --engine vllm
       stagewise eval CKPT --tasks gsm8k@evaldata/gsm8k,arc_easy@evaldata/arc_easy --limit 50
       stagewise eval runs/tiny/stages/rl-*/step-00000160 --rows runs/tiny/rl_world/*/rl_eval.jsonl --samples 8
     """
     from stagewise.model.checkpoint_check import check_checkpoint
 
+    if engine not in ("hf", "vllm"):
+        raise BadInput(f"--engine must be hf or vllm, got {engine!r}")
     if rows is not None:
+        if engine != "hf":
+            raise BadInput("--rows scores with transformers in this process: leave --engine at hf")
         if suite is not None or tasks is not None:
             raise BadInput("--rows scores task rows: give it without --suite or --tasks")
         check_checkpoint(checkpoint, tokenizer=True)
@@ -109,9 +115,12 @@ def eval_cmd(
     except UnknownTaskError as e:
         raise BadInput(str(e)) from e
     runtime = _runtime(device, recipe, overrides)
-    result = run_checkpoint(checkpoint, names, limit=limit, batch_size=batch_size, device=runtime.device)
-    report = {"checkpoint": str(checkpoint), "tasks": names, "limit": limit, "runtime": runtime.model_dump(),
-              "metrics": result.metrics}
+    if engine == "vllm":
+        result = _on_vllm(checkpoint, names, limit, batch_size)
+    else:
+        result = run_checkpoint(checkpoint, names, limit=limit, batch_size=batch_size, device=runtime.device)
+    report = {"checkpoint": str(checkpoint), "tasks": names, "limit": limit, "engine": engine,
+              "runtime": runtime.model_dump(), "metrics": result.metrics}
 
     def text() -> None:
         typer.echo(f"{checkpoint}  ({', '.join(names)}{f', limit {limit}' if limit else ''})")
@@ -120,6 +129,24 @@ def eval_cmd(
             typer.echo(f"  {key:<{width}}  {value:.4f}")
 
     emit(report, as_json, text)
+
+
+def _on_vllm(checkpoint: Path, names: list[str], limit: int | None, batch_size: int):
+    """The suite through a vLLM server started on `checkpoint` for this run (model/vllm_server.py), then stopped."""
+    import json
+
+    from stagewise.eval.harness import run_tasks_on_server
+    from stagewise.model.vllm_server import VLLMServer, vllm_python
+
+    try:
+        python = vllm_python()
+    except RuntimeError as err:
+        raise BadInput(f"--engine vllm: {err}") from None
+    longest = int(json.loads((checkpoint / "config.json").read_text()).get("max_position_embeddings") or 2048)
+    typer.echo(f"starting vLLM on {checkpoint} ...", err=True)
+    with VLLMServer(checkpoint, python=python, weight_reload=False, served_name="model", dtype="auto") as server:
+        return run_tasks_on_server(server.url, "model", checkpoint, names, limit=limit, batch_size=batch_size,
+                                   max_length=min(longest, 4096))
 
 
 def _eval_rows(checkpoint: Path, rows: Path, *, as_json: bool, **settings) -> None:

@@ -363,6 +363,39 @@ def run_tasks(model, tokenizer, tasks: list[str], *, limit: int | float | None =
     prompt, few-shot examples as earlier turns, with the tokenizer's own chat template (a
     tokenizer without one is refused). `raw["chat_tasks"]` names them.
     """
+    def hf_lm():
+        from lm_eval.models.huggingface import HFLM  # noqa: PLC0415 (lm_eval's models load only when a suite runs)
+
+        return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length, device=device)
+
+    was_training = model.training  # before HFLM, which switches the model to eval mode itself
+    try:
+        return _run(hf_lm, tokenizer, tasks, limit, seed, before=model.eval)
+    finally:
+        model.train(was_training)
+
+
+def run_tasks_on_server(url: str, served_name: str, tokenizer_dir: str | Path, tasks: list[str], *,
+                        limit: int | float | None = None, batch_size: int = 8, max_length: int = 2048,
+                        seed: int = 1234) -> EvalResult:
+    """`run_tasks` through a running OpenAI-compatible server (vLLM's: model/vllm_server.py) instead of
+    weights in memory: lm-eval's `local-completions` model, requests sent as token ids (the checkpoint's
+    own tokenizer at `tokenizer_dir` encodes them, and renders the `chat:` tasks with its template), log-
+    likelihoods read from the server's echoed prompt log-probs, generation through /v1/completions."""
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+    def server_lm():
+        from lm_eval.models.openai_completions import LocalCompletionsAPI  # noqa: PLC0415 (lm_eval's models load only when a suite runs)
+
+        return LocalCompletionsAPI(model=served_name, base_url=f"{url.rstrip('/')}/v1/completions",
+                                   tokenizer=str(tokenizer_dir), tokenizer_backend="huggingface", tokenized_requests=True,
+                                   batch_size=batch_size, max_length=max_length, seed=seed, num_concurrent=1)
+
+    return _run(server_lm, tokenizer, tasks, limit, seed)
+
+
+def _run(make_lm, tokenizer, tasks: list[str], limit: int | float | None, seed: int, before=None) -> EvalResult:
+    """The suite entries checked and built, then lm-eval's plain pass and chat pass on `make_lm()`."""
     if not tasks:
         raise ValueError("no tasks given")
     suite, tm, built = _prepare(list(tasks))  # bad entries fail here, before the model is wrapped
@@ -372,24 +405,20 @@ def run_tasks(model, tokenizer, tasks: list[str], *, limit: int | float | None =
                        f"template, and this tokenizer has none (evaluate a checkpoint whose tokenizer carries one, "
                        f"or drop {CHAT_PREFIX})")
     from lm_eval import simple_evaluate  # noqa: PLC0415 (lm_eval's task registry and models load only when a suite runs)
-    from lm_eval.models.huggingface import HFLM  # noqa: PLC0415 (lm_eval's task registry and models load only when a suite runs)
 
     passes = [(suite.local + [task for t, task in built if not t.spec.chat], False),
               ([task for t, task in built if t.spec.chat], True)]
-    was_training = model.training  # before HFLM, which switches the model to eval mode itself
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length, device=device)
-    model.eval()
+    lm = make_lm()
+    if before is not None:
+        before()
     outs = []
-    try:
-        with terminal_prints():  # library chatter goes to the terminal, not into an orchestrator's log
-            for group, as_chat in passes:
-                if group:
-                    outs.append(simple_evaluate(model=lm, tasks=group, limit=limit, task_manager=tm, log_samples=False,
-                                                apply_chat_template=as_chat, fewshot_as_multiturn=as_chat,
-                                                random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                                                fewshot_random_seed=seed))
-    finally:
-        model.train(was_training)
+    with terminal_prints():  # library chatter goes to the terminal, not into an orchestrator's log
+        for group, as_chat in passes:
+            if group:
+                outs.append(simple_evaluate(model=lm, tasks=group, limit=limit, task_manager=tm, log_samples=False,
+                                            apply_chat_template=as_chat, fewshot_as_multiturn=as_chat,
+                                            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                                            fewshot_random_seed=seed))
     raw = _merge([_plain(o or {}) for o in outs]) | {"chat_tasks": [t.name for t, _ in built if t.spec.chat]}
     return EvalResult(headline_metrics(raw.get("results", {})), raw)
 

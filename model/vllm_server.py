@@ -24,6 +24,11 @@ How it is started (each flag, why):
 - VLLM_CPU_KVCACHE_SPACE (GiB, on CPU): vLLM's CPU build otherwise takes most of the machine's
   memory for its KV cache (21 GiB of 23 here, and ~50 s to set it up); 1 GiB holds ~1M tokens of
   the tiny presets.
+- `--no-enable-prefix-caching` unless `prefix_caching`: vLLM 0.32's CPU build crashed its engine
+  ("index 4 is out of bounds for dimension 0 with size 4", the server gone) on NemotronH when
+  prompt log-probs were asked for prompts sharing a cached prefix (lm-eval's log-likelihood
+  requests); with the cache off it answered them all. Mamba's prefix caching is vLLM's newest
+  ("align" mode): a GPU server may turn it on (measured nowhere yet).
 - A new session, and SIGTERM to the server if this process dies (Linux's parent-death signal): an
   interrupted or killed trainer leaves no server behind.
 """
@@ -84,13 +89,14 @@ class VLLMServer:
     def __init__(self, checkpoint: str | os.PathLike, *, python: str | None = None, host: str = "127.0.0.1",
                  port: int | None = None, dtype: str = "auto", max_model_len: int | None = None,
                  kv_cache_gib: int = 1, weight_reload: bool = True, served_name: str | None = None,
+                 prefix_caching: bool = False,
                  log_path: str | os.PathLike | None = None, startup_timeout_s: float = 900.0,
                  extra_args: list[str] | None = None):
         self.checkpoint, self.host = str(checkpoint), host
         self.port = port or free_port(host)
         self.python = python or vllm_python()
         self.dtype, self.max_model_len, self.kv_cache_gib = dtype, max_model_len, kv_cache_gib
-        self.weight_reload, self.served_name = weight_reload, served_name
+        self.weight_reload, self.served_name, self.prefix_caching = weight_reload, served_name, prefix_caching
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         self.startup_timeout_s, self.extra_args = startup_timeout_s, list(extra_args or [])
         self.process: subprocess.Popen | None = None
@@ -108,6 +114,8 @@ class VLLMServer:
             argv += ["--max-model-len", str(self.max_model_len)]
         if self.served_name:
             argv += ["--served-model-name", self.served_name]
+        if not self.prefix_caching:
+            argv.append("--no-enable-prefix-caching")
         return argv + self.extra_args
 
     def environment(self) -> dict[str, str]:
