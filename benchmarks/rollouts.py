@@ -1,6 +1,8 @@
-"""Rollout sampling: our HF generator against transformers' own sampling `generate`, same prompts.
+"""Rollout sampling: our HF generator against transformers' own sampling `generate` (and a vLLM
+server with --vllm), same prompts, same model, one run.
 
     python benchmarks/rollouts.py [--prompts 64] [--samples 4] [--max-new-tokens 11] [--json]
+    STAGEWISE_VLLM_PYTHON=.venv-vllm/bin/python python benchmarks/rollouts.py --vllm
 
 Both sample n responses per prompt from the demo's `tiny` preset (random weights: the work per
 token does not depend on them) at temperature 1 over the whole vocabulary, on prompts of the
@@ -9,7 +11,10 @@ demo's RL lengths (30-50 tokens), 128 rows per generate call:
                  draw is by inverse CDF from a private seeded generator);
 - transformers:  `model.generate(do_sample=True, top_k=0, num_return_sequences=n)`, the stock path
                  (every row prefilled; torch.multinomial).
-Reported: sampled tokens/s of each (best of --repeat) and their ratio, measured in this run.
+- vllm (--vllm):  model/rollout/vllm.py's VLLMGenerator against a vLLM server on the same weights
+                 (fp32, started by model/vllm_server.py; its start-up reported apart). vLLM's CPU
+                 build serves no MoE layer, so --vllm runs every column on `tiny-dense`.
+Reported: sampled tokens/s of each (best of --repeat) and their ratios, measured in this run.
 """
 
 from __future__ import annotations
@@ -65,21 +70,53 @@ def tokens_until_end(new: torch.Tensor) -> int:
     return int(((ended == 0) | ((ended == 1) & (new == END))).sum())
 
 
-def run(prompts: int, samples: int, max_new: int, repeat: int, threads: int | None) -> dict:
+def vllm_column(model, batch: list[list[int]], n: int, max_new: int, repeat: int) -> dict:
+    """The same sampling through a vLLM server on `model`'s weights (saved to a temporary directory)."""
+    import tempfile
+    import time
+
+    from stagewise.data.tokenizer import train_bpe
+    from stagewise.data.world.arithmetic import arithmetic_texts
+    from stagewise.model.rollout.vllm import VLLMGenerator
+    from stagewise.model.vllm_server import VLLMServer
+
+    with tempfile.TemporaryDirectory() as ckpt:
+        model.save_pretrained(ckpt)
+        train_bpe(arithmetic_texts(50, 0), 300).save_pretrained(ckpt)  # vLLM loads one; prompts are token ids
+        t0 = time.monotonic()
+        with VLLMServer(ckpt, dtype="float32") as server:
+            start = time.monotonic() - t0
+            gen = VLLMGenerator(model, [END], 0, url=server.url, keep_copy=False)
+
+            def sample() -> int:
+                return sum(len(r.response_ids) for g in gen.generate(batch, n, max_new, 1.0, seed=0) for r in g)
+
+            sample()  # the first request warms the server's kernels
+            seconds, tokens = best_of(sample, repeat)
+            gen.close()
+    return {"seconds": seconds, "sampled_tokens": tokens, "tokens_per_s": tokens / seconds, "startup_s": start}
+
+
+def run(prompts: int, samples: int, max_new: int, repeat: int, threads: int | None, with_vllm: bool = False) -> dict:
     from stagewise.model.build import build_model
     from stagewise.model.config import ModelConfig
 
     if threads:
         torch.set_num_threads(threads)
-    model = build_model(ModelConfig(preset="tiny"), 4096, seed=0).eval()
+    preset = "tiny-dense" if with_vllm else "tiny"
+    model = build_model(ModelConfig(preset=preset), 4096, seed=0).eval()
     model.generation_config.use_cache = True
     batch = prompts_like_the_demo(prompts, 4096)
     t_ours, n_ours = best_of(lambda: ours(model, batch, samples, max_new), repeat)
     t_hf, n_hf = best_of(lambda: transformers_sampling(model, batch, samples, max_new), repeat)
-    out = {"prompts": prompts, "samples": samples, "max_new_tokens": max_new, "threads": torch.get_num_threads(),
+    out = {"preset": preset, "prompts": prompts, "samples": samples, "max_new_tokens": max_new,
+           "threads": torch.get_num_threads(),
            "ours": {"seconds": t_ours, "sampled_tokens": n_ours, "tokens_per_s": n_ours / t_ours},
            "transformers": {"seconds": t_hf, "sampled_tokens": n_hf, "tokens_per_s": n_hf / t_hf}}
     out["speed_ratio_ours_over_transformers"] = out["ours"]["tokens_per_s"] / out["transformers"]["tokens_per_s"]
+    if with_vllm:
+        out["vllm"] = vllm_column(model, batch, samples, max_new, repeat)
+        out["speed_ratio_vllm_over_ours"] = out["vllm"]["tokens_per_s"] / out["ours"]["tokens_per_s"]
     return out
 
 
@@ -90,18 +127,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=11)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--vllm", action="store_true", help="add a vLLM server's column (STAGEWISE_VLLM_PYTHON; tiny-dense)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    out = run(args.prompts, args.samples, args.max_new_tokens, args.repeat, args.threads)
+    out = run(args.prompts, args.samples, args.max_new_tokens, args.repeat, args.threads, args.vllm)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    for name in ("ours", "transformers"):
-        r = out[name]
-        print(f"{name:>12}: {r['tokens_per_s']:>9,.0f} sampled tokens/s ({r['sampled_tokens']} in {r['seconds']:.2f} s)")
+    print(f"preset {out['preset']}, {out['prompts']} prompts x {out['samples']} samples, {out['threads']} torch threads")
+    for name in ("ours", "transformers", "vllm"):
+        r = out.get(name)
+        if r:
+            print(f"{name:>12}: {r['tokens_per_s']:>9,.0f} sampled tokens/s ({r['sampled_tokens']} in {r['seconds']:.2f} s)"
+                  + (f"; server start {r['startup_s']:.0f} s" if "startup_s" in r else ""))
     print(f"ours / transformers = {out['speed_ratio_ours_over_transformers']:.2f}x")
+    if "vllm" in out:
+        print(f"vllm / ours = {out['speed_ratio_vllm_over_ours']:.2f}x")
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the guard vLLM's spawned workers need too
     sys.exit(main())

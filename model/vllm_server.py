@@ -29,6 +29,10 @@ How it is started (each flag, why):
   prompt log-probs were asked for prompts sharing a cached prefix (lm-eval's log-likelihood
   requests); with the cache off it answered them all. Mamba's prefix caching is vLLM's newest
   ("align" mode): a GPU server may turn it on (measured nowhere yet).
+- `--no-enable-chunked-prefill` unless `chunked_prefill`: with it, the CPU build's engine died on
+  seeded requests (every rollout request carries the step's seed) as soon as a batch's prompts
+  overflowed one step's token budget and a partial prefill's sample was discarded ("CPU Generator
+  does not use offset": vLLM rewinds a CUDA generator's offset there). Whole prefills avoid it.
 - A new session, and SIGTERM to the server if this process dies (Linux's parent-death signal): an
   interrupted or killed trainer leaves no server behind.
 """
@@ -89,7 +93,7 @@ class VLLMServer:
     def __init__(self, checkpoint: str | os.PathLike, *, python: str | None = None, host: str = "127.0.0.1",
                  port: int | None = None, dtype: str = "auto", max_model_len: int | None = None,
                  kv_cache_gib: int = 1, weight_reload: bool = True, served_name: str | None = None,
-                 prefix_caching: bool = False,
+                 prefix_caching: bool = False, chunked_prefill: bool = False,
                  log_path: str | os.PathLike | None = None, startup_timeout_s: float = 900.0,
                  extra_args: list[str] | None = None):
         self.checkpoint, self.host = str(checkpoint), host
@@ -97,6 +101,7 @@ class VLLMServer:
         self.python = python or vllm_python()
         self.dtype, self.max_model_len, self.kv_cache_gib = dtype, max_model_len, kv_cache_gib
         self.weight_reload, self.served_name, self.prefix_caching = weight_reload, served_name, prefix_caching
+        self.chunked_prefill = chunked_prefill
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         self.startup_timeout_s, self.extra_args = startup_timeout_s, list(extra_args or [])
         self.process: subprocess.Popen | None = None
@@ -116,6 +121,8 @@ class VLLMServer:
             argv += ["--served-model-name", self.served_name]
         if not self.prefix_caching:
             argv.append("--no-enable-prefix-caching")
+        if not self.chunked_prefill:
+            argv.append("--no-enable-chunked-prefill")
         return argv + self.extra_args
 
     def environment(self) -> dict[str, str]:

@@ -64,6 +64,10 @@ def test_reloaded_weights_sample_what_the_trainer_would_and_score_tokens_as_it_d
             assert all(agree), [i for i, a in enumerate(agree) if not a]
             assert [g[0].finished for g in got] == [w[0].finished for w in want]
             sampled = gen.generate(batch[:8], 4, 12, 1.0, seed)
+            # a batch whose prompts overflow one engine step (64 x 4 seeded samples): the CPU build's engine
+            # died on it with chunked prefill on (model/vllm_server.py); whole prefills answer it
+            wide = gen.generate(batch * 2, 4, 12, 1.0, seed)
+            assert [len(g) for g in wide] == [4] * 64
             gaps = []
             for group in sampled:
                 for r in group:
