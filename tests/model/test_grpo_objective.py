@@ -105,6 +105,16 @@ def test_toy_batch_loss_and_metrics_by_hand():
     assert m["pg_loss"] == pytest.approx(-0.72, abs=1e-6)
     assert m["clip_fraction"] == pytest.approx(2 / 3)
     assert m["is_masked_fraction"] == pytest.approx(1 / 3)
+    # |log π_old - log π_rollout| over the 3 response tokens: ln 2, ln 10, 0 (padding and prompt not counted)
+    assert m["logprob_mismatch"] == pytest.approx(math.log(20) / 3, abs=1e-6)
+
+
+def test_a_token_the_sampler_could_not_score_counts_zero_in_the_mismatch_and_as_masked():
+    model, batch = toy_batch()
+    batch["rollout_logprobs"][0, 1] = float("nan")  # vLLM answered None for it
+    _, m = run(GRPOObjective(), model, [batch])
+    assert m["logprob_mismatch"] == pytest.approx(math.log(10) / 3, abs=1e-6)
+    assert m["is_masked_fraction"] == pytest.approx(2 / 3)
     assert m["ratio_mean"] == pytest.approx((1.5 + 1.0 + 0.6) / 3, abs=1e-6)
     assert m["kl"] == 0.0 and m["response_tokens"] == 3
     h = lambda p: -(p * LN(p) + (1 - p) * LN(1 - p))  # noqa: E731
