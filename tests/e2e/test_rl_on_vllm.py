@@ -9,7 +9,8 @@ the handed-on checkpoint's own (transformers' generate; a tie within 1e-4 except
 tests/vllm_checks.py), i.e. the last weights it received are the checkpoint's. MLflow holds the
 sampler/trainer mismatch every step: ~2e-7 per token at step 1 (fp32 on both sides, same weights),
 ~0.02-0.06 after (each batch sampled one optimizer step before it trains: off-policy's lag).
-A stage that starts its own server (no vllm_url): tests/flows/test_stage_vllm_server.py.
+A second, shorter run leaves `vllm_url` unset: the stage starts its own server inside the flow run
+(its log beside the stage's files) and leaves no vLLM process behind when it ends.
 """
 
 from __future__ import annotations
@@ -38,6 +39,39 @@ def row(i: int) -> dict:
             "expected_answer": WORDS[a + b], "environment": "exact_answer", "domain": "sums"}
 
 
+def rl_run(cli, start: Path, tmp_path: Path, steps: int, *extra: str) -> dict:
+    """`stagewise run finetune --stages rl` from `start` on the rows above, sampling through vLLM; its summary."""
+    rows, heldout = tmp_path / "rl.jsonl", tmp_path / "heldout.jsonl"
+    rows.write_text("".join(json.dumps(row(i)) + "\n" for i in range(8)))
+    heldout.write_text("".join(json.dumps(row(i)) + "\n" for i in range(20, 24)))
+    values = [f"workdir={tmp_path / 'work'}", f"model.from={start}",
+              f"stages.rl.data.sources[0].path={rows}", f"stages.rl.data.heldout={heldout}",
+              "stages.rl.rewards.format=1.0", "stages.rl.backend=vllm", *extra,
+              "data.world.stdlib_files=2", "data.world.facts=200", "data.world.arithmetic=200",
+              f"stages.rl.steps={steps}", "stages.rl.prompts_per_step=4", "stages.rl.rollout.group_size=4",
+              "stages.rl.rollout.max_new_tokens=8", "stages.rl.filter.samples=2", "stages.rl.data.heldout_samples=2"]
+    return cli.summary(cli("run", str(ROOT / "recipes" / "finetune.yaml"), "--stages", "rl", *cli.sets(*values),
+                           "--json", timeout=900))
+
+
+def vllm_processes() -> list[str]:
+    import subprocess
+
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if "vllm.entrypoints.openai.api_server" in line]
+
+
+def test_a_stage_without_vllm_url_starts_its_own_server_and_leaves_none(cli, vllm_python, dense_chat_checkpoint,
+                                                                        vllm_server, tmp_path):
+    before = vllm_processes()  # the session's server
+    summary = rl_run(cli, dense_chat_checkpoint, tmp_path, 2)
+    (rl,) = summary["stages"]
+    stage_dir = Path(rl["stage_dir"])
+    assert "Starting vLLM server" in (stage_dir / "vllm.log").read_text()
+    assert not (stage_dir / "vllm-weights").exists()
+    assert vllm_processes() == before, vllm_processes()
+
+
 def test_rl_samples_through_vllm_and_leaves_it_holding_the_checkpoints_weights(cli, vllm_server, dense_chat_checkpoint,
                                                                               tmp_path):
     from mlflow import MlflowClient
@@ -48,17 +82,7 @@ def test_rl_samples_through_vllm_and_leaves_it_holding_the_checkpoints_weights(c
     from stagewise.model.rollout.hf import HFGenerator
     from stagewise.model.rollout.vllm import VLLMGenerator
 
-    rows, heldout = tmp_path / "rl.jsonl", tmp_path / "heldout.jsonl"
-    rows.write_text("".join(json.dumps(row(i)) + "\n" for i in range(8)))
-    heldout.write_text("".join(json.dumps(row(i)) + "\n" for i in range(20, 24)))
-    values = [f"workdir={tmp_path / 'work'}", f"model.from={dense_chat_checkpoint}",
-              f"stages.rl.data.sources[0].path={rows}", f"stages.rl.data.heldout={heldout}",
-              "stages.rl.rewards.format=1.0", "stages.rl.backend=vllm", f"stages.rl.vllm_url={vllm_server.url}",
-              "data.world.stdlib_files=2", "data.world.facts=200", "data.world.arithmetic=200",
-              f"stages.rl.steps={STEPS}", "stages.rl.prompts_per_step=4", "stages.rl.rollout.group_size=4",
-              "stages.rl.rollout.max_new_tokens=8", "stages.rl.filter.samples=2", "stages.rl.data.heldout_samples=2"]
-    summary = cli.summary(cli("run", str(ROOT / "recipes" / "finetune.yaml"), "--stages", "rl", *cli.sets(*values),
-                              "--json", timeout=900))
+    summary = rl_run(cli, dense_chat_checkpoint, tmp_path, STEPS, f"stages.rl.vllm_url={vllm_server.url}")
     (rl,) = summary["stages"]
     assert rl["stage"] == "rl" and rl["parent"] == str(dense_chat_checkpoint)
 
