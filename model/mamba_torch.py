@@ -11,9 +11,10 @@ transformers' NemotronH mixer calls two module-level functions that kernels may 
   cumsums it again), contractions in the (b, c, l, s, h) layout, so each permutes tensors of
   chunk^2 x heads elements. On the demo's CPU the two Mamba layers were half of a training step.
 
-`install()` puts `chunk_scan` and `causal_conv1d` below in their place (for every tensor the
-kernels would not take: all of them without the packages, CPU tensors with them), and tells the
-training path that no fused kernel runs (`no_fused_path`). Both take the reference functions'
+`install()` puts `chunk_scan` and `causal_conv1d` below in their place for every tensor the
+kernels would not take (CPU tensors, and CUDA tensors where a kernel does not import:
+model/mamba_kernels.py finds them), and the fused training kernel too (`no_fused_path` where it
+does not import, so the mixer goes step by step). Both take the reference functions'
 arguments plus `seq_idx` [B, T] (a document id per token, non-decreasing along a row) and carry
 nothing from one document to the next (up to float rounding); transformers forwards
 `seq_idx` from the model call to them, as it does to the kernels. Results equal the reference
@@ -37,11 +38,11 @@ state, tokens not of its document.
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 from transformers.models.nemotron_h import modeling_nemotron_h
+
+from stagewise.model import mamba_kernels
 
 
 def _chunked(t: torch.Tensor, pad: int, chunk: int) -> torch.Tensor:
@@ -181,14 +182,13 @@ def causal_conv1d(
     return out.to(dtype)
 
 
-def _in_place_of(reference, ours, package: str):
-    """`ours`, except for CUDA tensors when `package` (the kernel) is installed: those go to the
-    reference function, which transformers has already pointed at the kernel."""
-    kernel = importlib.util.find_spec(package) is not None
+def _in_place_of(reference, ours, name: str):
+    """`ours`, except for CUDA tensors where the kernel for transformers' `name` imports
+    (model/mamba_kernels.py): those go to the kernel, seq_idx and all."""
 
     def dispatch(x, *args, **kwargs):
-        if kernel and x.is_cuda:
-            return reference(x, *args, **kwargs)
+        if x.is_cuda and (fast := mamba_kernels.kernel(name)) is not None:
+            return fast(x, *args, **kwargs)
         return ours(x, *args, **kwargs)
 
     dispatch.stagewise_reference = reference
@@ -202,17 +202,17 @@ def no_fused_path(*_: object, **__: object) -> None:
     return None
 
 
-_OURS = {  # transformers' name -> (ours, the package whose kernel it stands for)
-    "mamba2_chunk_scan": (chunk_scan, "mamba_ssm"),
-    "causal_conv1d_fn": (causal_conv1d, "causal_conv1d"),
-    "mamba2_split_conv1d_scan_combined": (no_fused_path, "mamba_ssm"),
+_OURS = {  # transformers' name -> ours
+    "mamba2_chunk_scan": chunk_scan,
+    "causal_conv1d_fn": causal_conv1d,
+    "mamba2_split_conv1d_scan_combined": no_fused_path,
 }
 
 
 def install() -> None:
     """Make transformers' NemotronH use ours (see the module docstring). Process-wide and idempotent:
     every NemotronH model of this process, trained or generating."""
-    for name, (ours, package) in _OURS.items():
+    for name, ours in _OURS.items():
         current = getattr(modeling_nemotron_h, name)
         if not hasattr(current, "stagewise_reference"):
-            setattr(modeling_nemotron_h, name, _in_place_of(current, ours, package))
+            setattr(modeling_nemotron_h, name, _in_place_of(current, ours, name))

@@ -22,16 +22,9 @@ Works for NemotronHForCausalLM and for a peft-wrapped one.
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from stagewise.model import mamba_torch
-
-
-def kernels_available(device: torch.device) -> bool:
-    """True on CUDA with mamba-ssm and causal-conv1d importable (they take seq_idx natively)."""
-    return device.type == "cuda" and all(importlib.util.find_spec(m) is not None for m in ("mamba_ssm", "causal_conv1d"))
 
 
 def position_ids_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:

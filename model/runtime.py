@@ -5,12 +5,11 @@ One choice for the whole run, made once before any work starts and handed to eve
 plain fp32 on CPU (CPU autocast is slower than fp32 for small models). Asking for `cuda` on a
 machine without one is bad input, found before training rather than at the first tensor.
 
-On CUDA the Mamba-2 layers run mamba-ssm's and causal-conv1d's kernels when both are installed
-(transformers' NemotronH takes its fast path then, and model/packed.py hands packed rows'
-boundaries to them as `seq_idx`); otherwise transformers' PyTorch path. Which one a run gets is
-decided here, once, from the installed packages (never imported here: they are GPU-only) and
-logged with the runtime (`runtime.mamba_kernels`), so a slow GPU run that silently fell back
-is visible in MLflow.
+On CUDA the Mamba-2 layers run mamba-ssm's and causal-conv1d's kernels where they import
+(model/mamba_kernels.py finds them; model/packed.py hands packed rows' boundaries to them as
+`seq_idx`), otherwise our PyTorch functions (model/mamba_torch.py). Which ones a run gets is
+found here, once (importing the kernels on CUDA only), and logged with the runtime
+(`runtime.mamba_kernels`), so a slow GPU run that silently fell back is visible in MLflow.
 
 A stage's own `precision` wins over the runtime's when it is not `auto`. The device is kept
 out of step hashes (a checkpoint trained on a GPU is reused on a CPU rerun); the precision is
@@ -19,13 +18,13 @@ in them through the stage's resolved train config.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from stagewise.config_base import StrictConfig
+from stagewise.model.mamba_kernels import describe
 
 
 class RuntimeConfig(StrictConfig):
@@ -81,16 +80,5 @@ def resolve_runtime(cfg: RuntimeConfig) -> Runtime:
 
 
 def mamba_kernels(device: str) -> str:
-    """The Mamba-2 kernels a run on `device` uses, from the installed distributions (nothing imported)."""
-    if device != "cuda":
-        return "none (cpu)"
-
-    found, missing = [], []
-    for dist in ("mamba-ssm", "causal-conv1d"):
-        try:
-            found.append(f"{dist} {version(dist)}")
-        except PackageNotFoundError:
-            missing.append(dist)
-    if missing:
-        return f"none: {' and '.join(missing)} not installed (PyTorch path; pip install 'stagewise[gpu]')"
-    return " + ".join(found)
+    """The Mamba-2 kernels a run on `device` uses: the ones that import (model/mamba_kernels.py)."""
+    return describe(device)

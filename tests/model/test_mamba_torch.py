@@ -112,10 +112,10 @@ def test_install_is_idempotent():
     assert not any(hasattr(f.stagewise_reference, "stagewise_reference") for f in installed)  # never wraps itself
 
 
-def test_cpu_tensors_take_ours_even_where_the_kernel_package_is_installed():
+def test_cpu_tensors_take_ours_even_where_the_kernel_imports(monkeypatch):
     calls = []
-    dispatch = mamba_torch._in_place_of(lambda x, **_: calls.append("kernel"), lambda x, **_: calls.append("ours"),
-                                        "json")  # an importable package stands in for mamba_ssm
+    monkeypatch.setattr(mamba_torch.mamba_kernels, "kernel", lambda name: lambda x, **_: calls.append("kernel"))
+    dispatch = mamba_torch._in_place_of(None, lambda x, **_: calls.append("ours"), "mamba2_chunk_scan")
     dispatch(torch.zeros(1))
     assert calls == ["ours"]
 
