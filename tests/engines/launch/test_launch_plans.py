@@ -1,9 +1,8 @@
 """Launch plans (local torchrun / docker, an sbatch script, a Kubernetes Job), the engine-availability
-check, the GPU-free import of engines/, and benchmarks/gpu_check.sh's CPU-side behaviour."""
+check and the GPU-free import of engines/ (benchmarks/gpu_check.sh: tests/benchmarks/test_gpu_check.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
@@ -445,79 +444,6 @@ def test_importing_every_engines_module_imports_nothing_gpu_only():
     assert loaded == "[]"
     assert {"stagewise.engines.availability", "stagewise.engines.launch.plans", "stagewise.engines.megatron.translate",
             "stagewise.engines.nemo_rl.translate"} <= set(eval(modules))
-
-
-# ------------------------------------------------------------------------------------ benchmarks/gpu_check.sh
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("gpu_pretrain", ROOT / "benchmarks" / "gpu_pretrain.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _path_with(tmp_path: Path, fakes: dict[str, str]) -> str:
-    """A PATH of the few tools the script needs before its GPU checks (no nvidia-smi unless faked)."""
-    bin_dir = tmp_path / "path"
-    bin_dir.mkdir()
-    for tool in ("bash", "dirname"):
-        os.symlink(subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip(),
-                   bin_dir / tool)
-    for name, body in fakes.items():
-        (bin_dir / name).write_text(body)
-        (bin_dir / name).chmod(0o755)
-    return str(bin_dir)
-
-
-def test_gpu_check_exits_2_without_a_gpu(tmp_path):
-    script = str(ROOT / "benchmarks" / "gpu_check.sh")
-    env = {"PATH": _path_with(tmp_path, {}), "HOME": str(tmp_path)}
-    proc = subprocess.run(["bash", script], env=env, capture_output=True, text=True)
-    assert proc.returncode == 2 and "nvidia-smi is not on PATH" in proc.stderr and "NVIDIA GPU" in proc.stderr
-    # a driver but a torch that sees no CUDA (this CPU install): still 2, saying why
-    (tmp_path / "path").rename(tmp_path / "old")
-    env = {"PATH": _path_with(tmp_path, {"nvidia-smi": "#!/bin/sh\necho 'GPU 0: Fake'\n"}), "HOME": str(tmp_path),
-           "STAGEWISE_PYTHON": sys.executable}
-    proc = subprocess.run(["bash", script], env=env, capture_output=True, text=True)
-    assert proc.returncode == 2 and "sees no CUDA device" in proc.stderr
-
-
-def test_gpu_rows_table_and_megatron_log(tmp_path, capsys):
-    bench = _bench()
-    log = "\n".join(f" [t] iteration {i}/ 12 | consumed samples: {8 * i} | elapsed time per iteration (ms): {ms} | "
-                    f"throughput per GPU (TFLOP/s/GPU): {tf} | lm loss: 1.0E+01 |"
-                    for i, (ms, tf) in enumerate([(9000.0, 10.0), (700.0, 300.0), (500.0, 400.0), (520.0, 390.0),
-                                                  (480.0, 410.0)], 1))
-    peak = bench.gpu_peak_tflops("NVIDIA H200")
-    row = bench.parse_megatron_log(log, global_batch=8, seq_length=2048, peak_tflops=peak)
-    assert row["status"] == "ok" and row["step_ms"] == 500.0 and row["tokens_per_s"] == pytest.approx(8 * 2048 / 0.5)
-    assert row["mfu"] == pytest.approx(400.0 / 989.0)
-    assert bench.parse_megatron_log("Traceback ...", 8, 2048, None)["status"] == "failed"
-    assert bench.gpu_peak_tflops("Some GPU") is None
-
-    # the CLI pieces gpu_check.sh uses: a row, the vLLM row when vllm is absent, the table
-    assert bench.main(["row", "--what", "Megatron-Bridge: pretrain", "--status", "not installed", "--note", "no",
-                       "--out", str(tmp_path / "megatron.json")]) == 0
-    (tmp_path / "pretrain.json").write_text(json.dumps(bench.make_row(
-        "ours: pretrain (small)", "ok", tokens_per_s=123456.7, mfu=0.1234, kernels="yes: mamba-ssm 2.2.4")))
-    if importlib.util.find_spec("vllm") is None:
-        assert bench.main(["vllm", "--out", str(tmp_path / "vllm.json")]) == 0
-        assert json.loads((tmp_path / "vllm.json").read_text())["status"] == "not installed"
-    with pytest.raises(SystemExit) as exit_:
-        bench.main(["pretrain", "--out", str(tmp_path / "x.json")])  # this machine has no CUDA
-    assert exit_.value.code == 2
-    capsys.readouterr()
-    bench.main(["table", str(tmp_path / "pretrain.json"), str(tmp_path / "megatron.json"), str(tmp_path / "vllm.json"),
-                str(tmp_path / "missing.json"), "--title", "GPU check: test"])
-    table = capsys.readouterr().out
-    assert "GPU check: test" in table
-    assert "│ ours: pretrain (small) " in table and "123,457" in table and "12.3%" in table
-    assert "yes: mamba-ssm" in table
-    assert "│ Megatron-Bridge: pretrain " in table and "not installed" in table
-    assert "│ missing " in table and "failed" in table
-    with pytest.raises(ValueError):
-        bench.make_row("x", "great")
 
 
 def test_a_cpu_job_asks_slurm_and_kubernetes_for_no_gpus(tmp_path):
