@@ -164,10 +164,12 @@ def _eval_rows(checkpoint: Path, rows: Path, *, as_json: bool, **settings) -> No
                    f"{settings['temperature']:g}, greedy)")
         domains = [*scores["prompts"], "all"]
         width = max(len(d) for d in domains)
-        typer.echo(f"  {'domain':<{width}}  prompts  pass@1  greedy")
+        typer.echo(f"  {'domain':<{width}}  prompts  pass@1  (95% interval)   greedy")
         for d in domains:
             n = scores["prompts"][d] if d != "all" else sum(scores["prompts"].values())
-            typer.echo(f"  {d:<{width}}  {n:>7}  {scores['pass_at_1'][d]:.4f}  {scores['greedy'][d]:.4f}")
+            low, high = scores["pass_at_1_interval"][d]
+            typer.echo(f"  {d:<{width}}  {n:>7}  {scores['pass_at_1'][d]:.4f}  ({low:.3f}-{high:.3f})  "
+                       f"{scores['greedy'][d]:.4f}")
 
     emit(report, as_json, text)
 

@@ -23,6 +23,7 @@ Plain torch/transformers: no Prefect, no MLflow.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -108,16 +109,26 @@ def end_ids(tokenizer: Any) -> list[int]:
     return ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
 
 
-@torch.no_grad()
 def heldout_answers(model: torch.nn.Module, tokenizer: Any, convs: list[dict], limit: int | None = None,
                     max_new_tokens: int = 48, batch_size: int = 16, max_prompt_chars: int | None = 6000,
                     device: str = "cpu", switch: SwitchSetting = "auto") -> dict[str, float]:
     """Greedy exact match on the single-answer conversations (see the module docstring).
 
+    Returns {"answered", "exact_match", "format_match", "exact_match_<domain>",
+    "format_match_<domain>"...}; an empty dict when no conversation qualifies."""
+    return answer_metrics(answer_results(model, tokenizer, convs, limit, max_new_tokens, batch_size, max_prompt_chars,
+                                         device, switch))
+
+
+@torch.no_grad()
+def answer_results(model: torch.nn.Module, tokenizer: Any, convs: list[dict], limit: int | None = None,
+                   max_new_tokens: int = 48, batch_size: int = 16, max_prompt_chars: int | None = 6000,
+                   device: str = "cpu", switch: SwitchSetting = "auto") -> dict[str, dict]:
+    """Each answered conversation's result, by item id (`answer_item_ids`): {"domain", "exact_match",
+    "format_match"} (0 or 1): what heldout_answers averages and an interval resamples.
+
     Prompts are generated in left-padded batches of similar length (one decoding step costs
-    about the same for 1 or 16 rows on a CPU). Returns {"answered", "exact_match",
-    "format_match", "exact_match_<domain>", "format_match_<domain>"...}; an empty dict when
-    no conversation qualifies."""
+    about the same for 1 or 16 rows on a CPU)."""
     items = answer_items(convs, limit, max_prompt_chars)
     if not items:
         return {}
@@ -137,13 +148,31 @@ def heldout_answers(model: torch.nn.Module, tokenizer: Any, convs: list[dict], l
                 answers[i] = text
     finally:
         model.train(was_training)
-    hits: dict[str, list[int]] = defaultdict(list)
-    forms: dict[str, list[int]] = defaultdict(list)
-    for i, (_, target, domain) in enumerate(items):
-        hits[domain].append(int(answers[i] == target))
-        forms[domain].append(int(shape(answers[i]) == shape(target)))
-    metrics = {"answered": float(len(items))}
-    for name, per in zip(ANSWER_SCORES, (hits, forms)):
+    return {key: {"domain": domain, "exact_match": int(answers[i] == target),
+                  "format_match": int(shape(answers[i]) == shape(target))}
+            for i, (key, (_, target, domain)) in enumerate(zip(answer_item_ids(items), items))}
+
+
+def answer_item_ids(items: list[tuple[list[dict], str, str]]) -> list[str]:
+    """A stable id per answer item: the hash of its prompt and target (`#2`, `#3`... on repeats), so
+    the same conversations scored before and after pair up."""
+    ids, seen = [], defaultdict(int)
+    for prefix, target, _ in items:
+        key = hashlib.sha1(json.dumps([prefix, target], sort_keys=True).encode()).hexdigest()[:16]
+        seen[key] += 1
+        ids.append(key if seen[key] == 1 else f"{key}#{seen[key]}")
+    return ids
+
+
+def answer_metrics(results: dict[str, dict]) -> dict[str, float]:
+    """heldout_answers' metrics from answer_results: each score over all items and per domain."""
+    if not results:
+        return {}
+    metrics = {"answered": float(len(results))}
+    for name in ANSWER_SCORES:
+        per: dict[str, list[int]] = defaultdict(list)
+        for r in results.values():
+            per[r["domain"]].append(r[name])
         every = [h for v in per.values() for h in v]
         metrics[name] = sum(every) / len(every)
         metrics.update({f"{name}_{d}": sum(v) / len(v) for d, v in sorted(per.items())})

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from stagewise.eval.intervals import describe_change
 from stagewise.eval.plots.compare import closing_columns, closing_panels, summary_title
-from stagewise.eval.plots.kinds import AXIS_LABEL, metric_kind, moved
+from stagewise.eval.plots.kinds import AXIS_LABEL, metric_kind
 from stagewise.eval.plots.marks import fmt
 
 ACTION_COLOUR = {"stop": "tab:red", "continue": "tab:green"}
@@ -189,9 +190,9 @@ def _html(rows: list[dict], gates: list[dict], png: bytes, title: str, panels: l
     head = "".join(f"<th>{c}</th>" for c in ("stage", "target metric", "before", "after", "change", "tokens", "wall time (s)"))
     body = []
     for r in rows:
-        verdict = moved(r.get("before"), r.get("after"), r.get("higher_is_better"))
-        mark = {1: "better", -1: "worse", 0: ""}[verdict]
-        change = f"{r['after'] - r['before']:+.3g} {mark}" if r.get("before") is not None and r.get("after") is not None else ""
+        text, mark = describe_change(r)
+        change = f"{text} {mark}".strip()
+        mark = mark if mark in ("better", "worse") else ""
         cells = [r.get("stage", ""), r.get("metric", ""), fmt(r.get("before")), fmt(r.get("after")), change,
                  fmt(r.get("tokens")), fmt(r.get("seconds"))]
         body.append(f'<tr class="{mark}">' + "".join(f"<td>{e(str(c))}</td>" for c in cells) + "</tr>")

@@ -13,6 +13,9 @@ from typing import Any
 from stagewise.eval.rl_wiring import RL_DATA_VERSION, RLWiring, by_domain
 from stagewise.model.rl_batches import pass_rates
 
+ITEMS = "items"
+"""The key of heldout_scores' per-prompt results (every other key is a score kind, per domain)."""
+
 HELDOUT_KIND = "heldout"
 """The memo kind of held-out RL scores: on disk `<stages>/heldout-<hash>/scores.json`."""
 
@@ -33,10 +36,11 @@ def heldout_spec(weights: str, generator: Any, wiring: RLWiring, ids: list[str],
 
 def heldout_scores(generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
                    temperature: float, seed: int) -> dict[str, dict[str, float]]:
-    """{"pass_at_1": per domain, "greedy": per domain} of the prompts `ids` (no logging, no memo:
-    the RL task and eval/score_rows.py add what each needs)."""
+    """{"pass_at_1": per domain, "greedy": per domain, "items": {"pass_at_1": per prompt}} of the
+    prompts `ids` (a prompt's pass@1: the mean over its samples; no logging, no memo: the RL task
+    and eval/score_rows.py add what each needs)."""
     prompts = [wiring.prompts[i] for i in ids]
-    sampled = by_domain(pass_rates(generator, prompts, wiring.score, samples, max_new_tokens, temperature, seed),
-                        wiring)
+    rates = pass_rates(generator, prompts, wiring.score, samples, max_new_tokens, temperature, seed)
     greedy = by_domain(pass_rates(generator, prompts, wiring.score, 1, max_new_tokens, 0.0, seed), wiring)
-    return {"pass_at_1": sampled, "greedy": greedy}
+    return {"pass_at_1": by_domain(rates, wiring), "greedy": greedy,
+            ITEMS: {"pass_at_1": {pid: sum(v) / len(v) for pid, v in rates.items()}}}

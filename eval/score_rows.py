@@ -6,6 +6,7 @@ solve my rows?". The answer here is the very number the RL stage logs for each s
     pass_at_1/<domain>   mean verifier result over `samples` responses per prompt at `temperature`
                          (each prompt weighs the same), and over all prompts as `all`
     greedy/<domain>      the one temperature-0 answer's verifier result
+    pass_at_1_interval/<domain>   pass@1's 95% interval over the prompts (eval/intervals.py)
 
 Rows are NeMo Gym-style (data/rl_rows.py: keys this project does not know are kept and ignored);
 each names its verifier in an `environment` key, or `environment` here names one for every row.
@@ -22,8 +23,9 @@ from transformers import AutoTokenizer
 from stagewise.data.chat import install_chat_template
 from stagewise.data.reasoning_switch import SwitchSetting
 from stagewise.eval.heldout import end_ids, round_robin
+from stagewise.eval.intervals import rate_interval
 from stagewise.eval.rewards import RewardConfig
-from stagewise.eval.rl_scoring import heldout_scores
+from stagewise.eval.rl_scoring import ITEMS, heldout_scores
 from stagewise.eval.rl_wiring import RLWiring, load_rows
 from stagewise.model.build import load_model
 from stagewise.model.rollout.hf import HFGenerator
@@ -43,6 +45,11 @@ def score_rows(checkpoint: str | Path, rows: str | Path, *, samples: int = 8, ma
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     generator = HFGenerator(load_model(str(checkpoint), device=device), end_ids(tokenizer), pad_id, device=device)
     scores = heldout_scores(generator, wiring, [t.id for t in resolved], samples, max_new_tokens, temperature, seed)
+    per_prompt = scores.pop(ITEMS)["pass_at_1"]
+    by_domain: dict[str, list[float]] = {"all": list(per_prompt.values())}
+    for t in resolved:
+        by_domain.setdefault(t.domain, []).append(per_prompt[t.id])
+    scores["pass_at_1_interval"] = {d: list(rate_interval(v)) for d, v in sorted(by_domain.items())}
     prompts: dict[str, int] = {}
     for t in resolved:
         prompts[t.domain] = prompts.get(t.domain, 0) + 1

@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 from stagewise.eval.harness import run_tasks
-from stagewise.eval.heldout import heldout_answers, heldout_loss
+from stagewise.eval.heldout import answer_metrics, answer_results, heldout_loss
+from stagewise.eval.intervals import Scored
+from stagewise.eval.metric_names import ANSWER_SCORES
 from stagewise.eval.validation import validation_loss
 
 
@@ -34,19 +36,23 @@ class Scoring:
     suite_limit: int | None = 40
 
 
-def score_model(model: torch.nn.Module, tokenizer: Any, scoring: Scoring, device: str) -> dict[str, float]:
+def score_model(model: torch.nn.Module, tokenizer: Any, scoring: Scoring, device: str) -> Scored:
     """`validation/loss`, `test/exact_match` (+ format match, per domain), `test/loss` (the
-    assistant tokens' loss: the smoothest of these, so the one that ranks budgets) and the suite's `<task>/<metric>`."""
+    assistant tokens' loss: the smoothest of these, so the one that ranks budgets) and the suite's
+    `<task>/<metric>`; each held-out conversation's exact and format match are the items of those."""
     out: dict[str, float] = {}
+    items: dict[str, dict[str, float]] = {}
     if scoring.streams:
         out["validation/loss"] = validation_loss(model, scoring.streams, scoring.seq_length, scoring.val_tokens,
                                                  device=device)["loss"]
     if scoring.heldout:
-        answers = heldout_answers(model, tokenizer, scoring.heldout, scoring.heldout_limit, device=device)
-        out |= {f"test/{k}": v for k, v in answers.items() if k != "answered"}
+        results = answer_results(model, tokenizer, scoring.heldout, scoring.heldout_limit, device=device)
+        out |= {f"test/{k}": v for k, v in answer_metrics(results).items() if k != "answered"}
+        if results:
+            items = {f"test/{name}": {key: r[name] for key, r in results.items()} for name in ANSWER_SCORES}
         loss = heldout_loss(model, tokenizer, scoring.heldout, scoring.pack_size, scoring.heldout_limit, device=device)
         if loss:
             out["test/loss"] = loss["loss"]
     if scoring.suite:
         out |= run_tasks(model, tokenizer, scoring.suite, limit=scoring.suite_limit, device=device).metrics
-    return out
+    return Scored(out, items)

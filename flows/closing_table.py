@@ -1,5 +1,6 @@
-"""The pipeline's closing table: one row per stage, its target metric before -> after, tokens,
-wall time and MLflow run id, so a person sees at a glance what each stage bought.
+"""The pipeline's closing table: one row per stage, its target metric before -> after (with the
+change's 95% interval and its verdict where the metric is scored per item: eval/intervals.py),
+tokens, wall time and MLflow run id, so a person sees at a glance what each stage bought.
 
 `stagewise run` and `stagewise demo` print it (cli/run.py); `--json` gives the same rows
 under "stages". The parent MLflow run keeps it as `reports/closing_table.{json,txt,png}` and
@@ -19,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from stagewise.eval.intervals import describe_change
 from stagewise.eval.pipeline_report import SignalPanel, pipeline_report
 from stagewise.eval.plots import stage_summary_plot
 from stagewise.flows.registry import REGISTRY
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from stagewise.eval.pipeline_report import SignalPanel
 
 COLUMNS = ("stage", "metric", "before", "after", "higher_is_better", "tokens", "seconds", "run_id")
+EVIDENCE = ("gain_low", "gain_high", "items", "tolerance", "verdict")
+"""A row's 95% interval of after - before, over how many items, and what it supports (eval/intervals.py)."""
 
 
 def closing_rows(results: list[StageResult]) -> list[dict]:
@@ -39,7 +43,8 @@ def closing_rows(results: list[StageResult]) -> list[dict]:
         rows.append({"stage": r.stage, "metric": s.metric if s else None, "before": s.before if s else None,
                      "after": s.after if s else None, "higher_is_better": s.higher_is_better if s else None,
                      "tokens": s.tokens if s else 0, "seconds": s.seconds if s else None, "run_id": r.run_id,
-                     "reused": r.reused, "note": s.note if s else None})
+                     "reused": r.reused, "note": s.note if s else None,
+                     **{k: getattr(s, k) if s else None for k in EVIDENCE}})
     return rows
 
 
@@ -51,11 +56,14 @@ HEADER = ["stage", "metric", "before -> after", "tokens", "time", "MLflow run"]
 
 
 def _cells(r: dict) -> list[str]:
-    """A row's cells, in HEADER's order: the change with its direction mark (good, bad, none) and note."""
+    """A row's cells, in HEADER's order: the change with its 95% interval and what that supports
+    (eval/intervals.py describe_change), and the note."""
     change = f"{_num(r['before'])} -> {_num(r['after'])}"
-    if r["before"] is not None and r["after"] is not None and r["after"] != r["before"]:
-        up = r["after"] > r["before"]
-        change += "  (better)" if up == bool(r["higher_is_better"]) else "  (worse)"
+    text, verdict = describe_change(r)
+    if r.get("gain_low") is not None:
+        change += f"  {text} ({verdict})"
+    elif verdict:
+        change += f"  ({verdict})"
     if r.get("note"):
         change += f"  [{r['note']}]"
     seconds = "-" if r["seconds"] is None else f"{r['seconds']:.0f} s"
@@ -95,6 +103,30 @@ def log_closing_table(tracker: Tracker, run_id: str, results: list[StageResult],
                                 training_signals(tracker, results)):
         tracker.log_artifact(run_id, path, "reports")
     return rows
+
+
+DESCRIPTION_TAG = "mlflow.note.content"
+"""The run's description in the MLflow UI (Markdown)."""
+DESCRIPTION_LIMIT = 8000
+"""MLflow's longest tag value."""
+
+
+def describe_parent_run(tracker: Tracker, run_id: str, rows: list[dict]) -> None:
+    """The pipeline's parent run as a person opens it in MLflow: the closing table as its
+    description (Markdown, each stage's run linked) and each stage's target as its metrics,
+    `<stage>/<metric>` (after), with `_before`, `_gain_low` and `_gain_high` where known."""
+    text = ("What each stage bought (after - before with its 95% interval, and the verdict it supports):\n\n"
+            + markdown_table(rows, tracker.ui_url))
+    tracker.set_tags(run_id, {DESCRIPTION_TAG: text[:DESCRIPTION_LIMIT]})
+    metrics: dict[str, float] = {}
+    for r in rows:
+        if r["metric"] is None or r["after"] is None:
+            continue
+        key = f"{r['stage']}/{r['metric']}"
+        metrics[key] = r["after"]
+        metrics |= {f"{key}_{field}": r[field] for field in ("before", "gain_low", "gain_high") if r.get(field) is not None}
+    if metrics:
+        tracker.log_metrics(run_id, [(0, 0, metrics)])
 
 
 def loss_curves(tracker: Tracker, results: list[StageResult]) -> dict[str, list[tuple[float, float]]]:

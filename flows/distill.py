@@ -51,6 +51,7 @@ from stagewise.engines.nemo_rl.stage import (
 )
 from stagewise.engines.nemo_rl.translate import unsupported_distill
 from stagewise.eval.heldout import end_ids, round_robin
+from stagewise.eval.intervals import gain_fields
 from stagewise.eval.plots import before_after_plot, distill_plot
 from stagewise.eval.rewards import RewardConfig
 from stagewise.eval.rl_wiring import RLWiring
@@ -178,7 +179,9 @@ def distill_flow(ctx: StageContext, block: DistillInputs, upstream: Upstream | N
         retention = evaluator.retention(start, ckpt.path, cfg.rounds)
         final = {**before, **teacher_scores, **recovered, **retention}
         summary = StageSummary(metric=TARGET, before=first.get(TARGET), after=before.get(TARGET),
-                               higher_is_better=True, tokens=ckpt.tokens_seen, dev_metric=DEV_TARGET)
+                               higher_is_better=True, tokens=ckpt.tokens_seen, dev_metric=DEV_TARGET,
+                               **gain_fields(evaluator.items.get(start, {}).get(TARGET),
+                                             evaluator.items.get(ckpt.path, {}).get(TARGET), True))
         result = StageResult(stage=STAGE, parent=start, checkpoint=ckpt.path, run_id=run_id,
                              metrics={**final, **{f"base/{k}": v for k, v in first.items()}}, stage_dir=str(out_dir),
                              summary=summary)
@@ -222,6 +225,8 @@ class _Evaluator:
                                            block.data.heldout_limit) for split, held in rows.split(ctx.seed).items()}
         self.tokenizer, self.wired = None, None
         self.memo = ScoreMemo(ctx.stages_root)  # the student is RL's start: its scores are read back
+        self.items: dict[str, dict[str, dict[str, float]]] = {}
+        """checkpoint -> metric -> each prompt's pass@1 (the closing table's interval)"""
 
     def wiring(self, checkpoint: str):
         """Prompts and verifiers, made once (every checkpoint here shares the student's tokenizer)."""
@@ -241,9 +246,11 @@ class _Evaluator:
         generator = HFGenerator(model, end_ids(self.tokenizer), pad, device=self.ctx.runtime.device)
         generator.sync_weights(model.state_dict())
         ro = cfg.rollout
-        return value_of(heldout_eval_task(generator, wiring, ids, self.block.data.heldout_samples, ro.max_new_tokens,
-                                          ro.temperature, self.ctx.seed, self.ctx.tracker, self.run_id, (at, 0),
-                                          prefix=prefix, memo=self.memo, weights=checkpoint_hash(checkpoint)))
+        scored = value_of(heldout_eval_task(generator, wiring, ids, self.block.data.heldout_samples, ro.max_new_tokens,
+                                            ro.temperature, self.ctx.seed, self.ctx.tracker, self.run_id, (at, 0),
+                                            prefix=prefix, memo=self.memo, weights=checkpoint_hash(checkpoint)))
+        self.items.setdefault(checkpoint, {}).update(scored.items)
+        return scored.metrics
 
     def student(self, checkpoint: str, at: int, splits: tuple[str, ...] = ("dev", "test")) -> dict[str, float]:
         """The student on `splits`: distill/dev/student/... and distill/test/student/..."""

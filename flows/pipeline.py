@@ -30,7 +30,7 @@ from prefect.runtime import flow_run
 from prefect.utilities.engine import get_state_for_result
 
 from stagewise.engines.availability import EngineMissing, check_engine
-from stagewise.flows.closing_table import closing_rows, log_closing_table, markdown_table
+from stagewise.flows.closing_table import closing_rows, describe_parent_run, log_closing_table, markdown_table
 from stagewise.flows.registry import REGISTRY
 from stagewise.flows.stage import NO_START, Stage, StageContext, Upstream
 from stagewise.flows.stage_job import run_as_job, stage_launch
@@ -81,12 +81,15 @@ def pipeline_flow(
             launch = stage_launch(recipe, entry.name)
             result = (run_as_job(entry, ctx, block, given, launch, recipe.runtime) if launch is not None
                       else entry.flow(ctx, block, given))
-            if result.summary is not None:
-                result.summary.seconds = round(time.monotonic() - started, 1)
+            if result.summary is not None:  # a reused stage: what it cost when it was trained
+                trained_in = result.trained_in_run if result.reused else None
+                result.summary.seconds = ((tracker.run_seconds(trained_in) if trained_in else None)
+                                          or round(time.monotonic() - started, 1))
             publish_stage_row(result, stage_flow_run(result), tracker)
             upstream = Upstream(results=[*upstream.results, result])
         tracker.log_json(parent, [r.model_dump() for r in upstream.results], "stage_results.json")
         log_closing_table(tracker, parent, upstream.results, workdir)
+        describe_parent_run(tracker, parent, closing_rows(upstream.results))
         publish_closing_table(recipe.name, closing_rows(upstream.results), tracker, parent, workdir)
     return upstream.results
 

@@ -35,6 +35,7 @@ from stagewise.data.errors import BadInput
 from stagewise.data.sft_config import SFTWorldConfig
 from stagewise.data.sources import resolve_path
 from stagewise.eval.heldout import read_conversations
+from stagewise.eval.intervals import gain_fields
 from stagewise.eval.plots import before_after_plot, quant_formats_plot
 from stagewise.eval.scoring import Scoring
 from stagewise.eval.splits import split_rows
@@ -148,9 +149,12 @@ def quantize_flow(ctx: StageContext, block: QuantizeInputs, upstream: Upstream |
                                      ctx.runtime.device, export_meta(start_from, ctx.recipe_hash))
         logged = log_report(tracker, run_id, report)
         _check_drop(stage.max_drop, report)
+        items = report["items"]
         summary = StageSummary(metric=TARGET, before=report["bf16"].get("test/exact_match"),
                                after=report["quantized"].get("test/exact_match"), higher_is_better=True,
-                               note=f"{report['effective_bits']:.2f} effective bits")
+                               note=f"{report['effective_bits']:.2f} effective bits",
+                               **gain_fields(items["bf16"].get("test/exact_match"),
+                                             items["quantized"].get("test/exact_match"), True, stage.max_drop))
         result = StageResult(stage=STAGE, checkpoint=report["export"], run_id=run_id, parent=start_from,
                              metrics={k.removeprefix("quant/"): v for k, v in logged.items()},
                              stage_dir=str(out_dir), summary=summary)

@@ -51,6 +51,7 @@ from stagewise.engines.launch.stage import run_engine
 from stagewise.engines.nemo_rl.stage import gym_environments, mlflow_target, refuse_unsupported, rl_plan, row_agents
 from stagewise.engines.nemo_rl.translate import unsupported
 from stagewise.eval.heldout import end_ids, round_robin
+from stagewise.eval.intervals import Scored, gain_fields
 from stagewise.eval.plots import before_after_plot, rl_training_plot
 from stagewise.eval.rl_wiring import RLWiring, load_rows
 from stagewise.eval.score_memo import ScoreMemo
@@ -240,9 +241,10 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
 
     memo = ScoreMemo(ctx.stages_root)  # RL's start is distillation's student: scored once, read back there
 
-    def evaluate(at: tuple[int, int], weights: str, splits: tuple[str, ...] = ("dev", "test")) -> dict[str, float]:
-        """pass@1 and greedy accuracy on the held-out rows of `splits`: rl/dev/..., rl/test/..."""
-        out: dict[str, float] = {}
+    def evaluate(at: tuple[int, int], weights: str, splits: tuple[str, ...] = ("dev", "test")) -> Scored:
+        """pass@1 and greedy accuracy on the held-out rows of `splits`: rl/dev/..., rl/test/... (and
+        each prompt's pass@1, the items of the closing table's interval)"""
+        out = Scored({})
         for split, rows in heldout_rows.items():
             if rows and split in splits:
                 out |= value_of(heldout_eval_task(
@@ -251,7 +253,8 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
         return out
     generator.sync_weights(policy.state_dict())
     # the start on test (the closing table's "before"); dev where it is read, at the end (ablations)
-    before = evaluate((0, 0), checkpoint_hash(start_from), splits=("test",))
+    scored_before = evaluate((0, 0), checkpoint_hash(start_from), splits=("test",))
+    before = scored_before.metrics
     _say_heldout(log, block.name, "before", before)
 
     by_domain: dict[str, list[tuple[str, float]]] = {}
@@ -269,13 +272,15 @@ def _with_generator(ctx: StageContext, block: RLInputs, start_from: str, train_r
         ckpt, trained_tokens = _on_torch(ctx, block, start_from, wiring, policy, generator, pad_id, by_domain, ratios,
                                          out_dir, run_id, log)
     generator.sync_weights(policy.state_dict())
-    after = evaluate((ckpt.step, ckpt.tokens_seen), ckpt.sha256 or checkpoint_hash(ckpt.path))
+    scored_after = evaluate((ckpt.step, ckpt.tokens_seen), ckpt.sha256 or checkpoint_hash(ckpt.path))
+    after = scored_after.metrics
     _say_heldout(log, block.name, "after", after)
     deltas = {f"{k}_delta": after[k] - before[k] for k in before if k in after}
     tracker.log_metrics(run_id, [(ckpt.step, ckpt.tokens_seen, deltas)])
     _report(tracker, run_id, before, after)
     summary = StageSummary(metric=TARGET, before=before.get(TARGET), after=after.get(TARGET), higher_is_better=True,
-                           tokens=trained_tokens, dev_metric=DEV_TARGET)
+                           tokens=trained_tokens, dev_metric=DEV_TARGET,
+                           **gain_fields(scored_before.items.get(TARGET), scored_after.items.get(TARGET), True))
     result = StageResult(stage=block.name, parent=start_from, checkpoint=ckpt.path, run_id=run_id,
                          metrics={**after, **{f"base/{k}": v for k, v in before.items()}, **deltas},
                          stage_dir=str(out_dir), summary=summary)

@@ -55,6 +55,7 @@ from stagewise.engines.launch.stage import run_engine, with_engine
 from stagewise.engines.megatron.chat_rows import write_chat_rows
 from stagewise.engines.megatron.stage import sft_plan
 from stagewise.engines.megatron.translate import MLflowTarget, megatron_precision
+from stagewise.eval.intervals import gain_fields
 from stagewise.eval.plots import before_after_plot
 from stagewise.eval.score_memo import ScoreMemo
 from stagewise.eval.splits import SPLITS
@@ -127,17 +128,25 @@ class Scores:
         self.tracker, self.heldout, self.heldout_limit, self.pack_size = tracker, heldout, heldout_limit, pack_size
         self.seed, self.device, self.switch, self.drop_reasoning = seed, device, switch, drop_reasoning
         self.memo = ScoreMemo()  # in memory: heldout_task logs its own artifacts the first time
+        self.items: dict[str, dict[str, dict[str, float]]] = {}
+        """weights (sha256, else path) -> metric -> each conversation's score (the closing table's interval)"""
 
     def __call__(self, ckpt: CheckpointRef, tasks: list[str] | None, limit: int | None, run_id: str,
                  at: tuple[int, int] | None = None, splits: tuple[str, ...] = SPLITS) -> dict[str, float]:
         """Score `ckpt` (held-out conversations of `splits` + `tasks`) and log to `run_id` at `at` = (step, tokens)."""
         ref = ckpt if at is None else ckpt.model_copy(update={"step": at[0], "tokens_seen": at[1]})
         metrics: dict[str, float] = {}
+        weights = ckpt.sha256 or ckpt.path
         for split in splits if self.heldout else ():
-            metrics |= self._once("sft-heldout", [ckpt.sha256 or ckpt.path, split, self.heldout_limit], ref, run_id,
-                                  lambda: heldout_task(ref, self.heldout, split, self.seed, self.pack_size,
-                                                       self.heldout_limit, self.tracker, run_id, device=self.device,
-                                                       switch=self.switch, drop_reasoning=self.drop_reasoning))
+            scored, remembered = self.memo.get("sft-heldout", [weights, split, self.heldout_limit],
+                                               lambda: heldout_task(ref, self.heldout, split, self.seed, self.pack_size,
+                                                                    self.heldout_limit, self.tracker, run_id,
+                                                                    device=self.device, switch=self.switch,
+                                                                    drop_reasoning=self.drop_reasoning))
+            if remembered is not None:
+                self.tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, scored.metrics)])
+            metrics |= scored.metrics
+            self.items.setdefault(weights, {}).update(scored.items)
         if tasks:
             metrics |= self._once("sft-suite", [ckpt.sha256 or ckpt.path, list(tasks), limit], ref, run_id,
                                   lambda: suite_task(ref, tasks, limit, self.tracker, run_id, device=self.device))
@@ -313,6 +322,8 @@ def sft_flow(ctx: StageContext, block: SFTInputs, upstream: Upstream | None = No
         budgets = {s.name: s.tokens for s in stage.stages}
         summary = StageSummary(metric=TARGET, before=base.get(TARGET), after=final.get(TARGET), higher_is_better=True,
                                tokens=tokens, dev_metric=DEV_TARGET,
+                               **gain_fields(scores.items.get(start.sha256 or start.path, {}).get(TARGET),
+                                             scores.items.get(ckpt.sha256 or ckpt.path, {}).get(TARGET), True),
                                note="; ".join(gate_note(n, d, budgets[n]) for n, d in decisions.items()) or None)
         result = StageResult(stage=STAGE, parent=start_from, checkpoint=ckpt.path, run_id=run_id, gate=gate,
                              metrics=headline, stage_dir=str(out_dir), summary=summary)

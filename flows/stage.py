@@ -191,7 +191,14 @@ def finish(ctx: StageContext, out_dir: Path, result: StageResult, metrics: dict[
            at: tuple[int, int] = (0, 0)) -> StageResult:
     """Register the handed-on checkpoint and write the step's finish marker (last).
 
-    `metrics` (MLflow names) at `at` = (step, tokens) are what a rerun re-logs when it reuses the step."""
+    `metrics` (MLflow names) at `at` = (step, tokens) are what a rerun re-logs when it reuses the step.
+    A summary with a gain's interval adds its bounds, `<metric>_gain_low` and `<metric>_gain_high`,
+    logged here next to the metric."""
+    s = result.summary
+    if s is not None and s.gain_low is not None:
+        bounds = {f"{s.metric}_gain_low": s.gain_low, f"{s.metric}_gain_high": s.gain_high}
+        ctx.tracker.log_metrics(result.run_id, [(at[0], at[1], bounds)])
+        metrics = {**(metrics or {}), **bounds}
     ctx.tracker.register_checkpoint(ctx.tracker.experiment, Path(result.checkpoint), result.run_id, alias=result.stage,
                                     parent=result.parent, lineage=lineage(ctx, result))
     _say(result, "finished")

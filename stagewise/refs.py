@@ -64,6 +64,16 @@ class StageSummary(BaseModel):
     """Wall time of the stage in this pipeline run (filled by the pipeline)."""
     note: str | None = None
     """A short fact the row needs besides its metric (e.g. the quantize stage's effective bits)."""
+    gain_low: float | None = None
+    gain_high: float | None = None
+    """The 95% interval of after - before: a paired bootstrap over the items both were scored on
+    (eval/intervals.py); None where the metric is not scored per item (a loss) or nothing was before."""
+    items: int | None = None
+    """How many items (prompts, conversations) that interval is over."""
+    tolerance: float | None = None
+    """A drop the stage accepts as no change (quantization's `max_drop`): within it, `kept`."""
+    verdict: str | None = None
+    """What the interval supports: better, worse, kept, or not distinguishable (eval/intervals.py)."""
 
 
 class StageResult(BaseModel):

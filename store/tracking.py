@@ -462,6 +462,14 @@ class Tracker:
             out[name] = [(step, _tokens_at(steps, tokens, step), value) for step, value in points]
         return out
 
+    def run_seconds(self, run_id: str) -> float | None:
+        """How long a finished run ran (its start to its end), None while it runs: what a reused
+        stage cost when it was trained."""
+        info = self.client().get_run(run_id).info
+        if info.start_time is None or info.end_time is None:
+            return None
+        return round((info.end_time - info.start_time) / 1000, 1)
+
     def carry_over(self, run_id: str, stage_dir: str, until_step: int) -> str | None:
         """Copy into `run_id` the metric history, up to `until_step`, of the latest other run
         that trained `stage_dir`; returns that run's id (None when there is none).

@@ -14,8 +14,9 @@ from stagewise.data.sft_rows import without_reasoning
 from stagewise.data.stats import unigram_cross_entropy
 from stagewise.eval.gates import check_metrics, decide
 from stagewise.eval.harness import run_checkpoint
-from stagewise.eval.heldout import heldout_answers, heldout_loss, read_conversations
-from stagewise.eval.metric_names import SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX, heldout_prefix
+from stagewise.eval.heldout import answer_metrics, answer_results, heldout_loss, read_conversations
+from stagewise.eval.intervals import Scored
+from stagewise.eval.metric_names import ANSWER_SCORES, SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX, heldout_prefix
 from stagewise.eval.plots import loss_curves
 from stagewise.eval.splits import split_rows
 from stagewise.eval.validation import val_streams, validation_loss
@@ -115,10 +116,11 @@ def heldout_task(
     device: str = "cpu",
     switch: SwitchSetting = "auto",
     drop_reasoning: bool = False,
-) -> dict[str, float]:
+) -> Scored:
     """One split (eval/splits.py: `dev` or `test`, by the recipe's `seed`) of the held-out conversations
     (eval/heldout.py): greedy exact match and SFT loss of a checkpoint, logged as
-    `eval/sft_<split>/<metric>` at the checkpoint's step. `switch`: the recipe's
+    `eval/sft_<split>/<metric>` at the checkpoint's step, with each conversation's exact match (the
+    items of `eval/sft_<split>/exact_match`; an artifact `heldout/eval/sft_<split>/items_<step>.json`). `switch`: the recipe's
     tokenizer.reasoning_switch (the prompts are written with reasoning off); `drop_reasoning`: the SFT
     data's `reasoning_content: drop` (the loss is taken on the conversations without their traces)."""
     model = load_model(Path(checkpoint.path), device=device)
@@ -126,11 +128,16 @@ def heldout_task(
     convs = split_rows(read_conversations(heldout), prompt_key, seed)[split]
     if drop_reasoning:
         convs = [without_reasoning(c) for c in convs]
-    metrics = heldout_answers(model, tokenizer, convs, limit, device=device, switch=switch)
-    metrics |= heldout_loss(model, tokenizer, convs, pack_size, limit, device=device, switch=switch)
-    named = {f"{heldout_prefix(split)}/{k}": v for k, v in metrics.items()}
+    results = answer_results(model, tokenizer, convs, limit, device=device, switch=switch)
+    metrics = answer_metrics(results) | heldout_loss(model, tokenizer, convs, pack_size, limit, device=device,
+                                                     switch=switch)
+    prefix = heldout_prefix(split)
+    named = {f"{prefix}/{k}": v for k, v in metrics.items()}
+    items = {f"{prefix}/{name}": {key: r[name] for key, r in results.items()} for name in ANSWER_SCORES} if results else {}
     run_logger().info("held-out conversations (%s) at %d tokens: %s", split, checkpoint.tokens_seen,
                       ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
     if tracker and run_id:
         tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, named)])
-    return named
+        if items:
+            tracker.log_json(run_id, items, f"heldout/{prefix}/items_{checkpoint.step:08d}.json")
+    return Scored(named, items)

@@ -30,7 +30,8 @@ def quantize_checkpoint(source: str, cfg: QuantizeConfig, batches: list[dict], s
                         device: str, meta: dict | None = None) -> dict:
     """Plan, quantize, export to `out_dir` and score the reloaded export against the BF16 start.
 
-    Returns the report (quant/report.py) with `export` (the directory) and `seconds` per phase."""
+    Returns the report (quant/report.py) with `export` (the directory), `seconds` per phase and `items`
+    (each held-out conversation's scores, per side: the closing table's interval)."""
     log, seconds = run_logger(), {}
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = load_model(source, device=device).eval()
@@ -57,8 +58,8 @@ def quantize_checkpoint(source: str, cfg: QuantizeConfig, batches: list[dict], s
     after = score_model(reloaded, tokenizer, scoring, device)
     seconds["score_quantized"] = time.perf_counter() - t
     recounted = recounted_effective_bits(out_dir, plan.searched)
-    report = build_report(plan, ops, flops, recounted, bf16, after, device)
-    return report | {"export": str(out_dir), "seconds": seconds}
+    report = build_report(plan, ops, flops, recounted, bf16.metrics, after.metrics, device)
+    return report | {"export": str(out_dir), "seconds": seconds, "items": {"bf16": bf16.items, "quantized": after.items}}
 
 
 def _counts(formats: dict[str, str]) -> str:

@@ -21,8 +21,9 @@ from prefect import task
 from stagewise.data.atomic import building
 from stagewise.data.content_hash import step_hash
 from stagewise.data.world.rl_prompts import generate_rl_world
+from stagewise.eval.intervals import Scored
 from stagewise.eval.plots import pass_rate_histogram
-from stagewise.eval.rl_scoring import HELDOUT_KIND, heldout_scores, heldout_spec
+from stagewise.eval.rl_scoring import HELDOUT_KIND, ITEMS, heldout_scores, heldout_spec
 from stagewise.eval.rl_wiring import RL_DATA_VERSION, RLWiring
 from stagewise.eval.score_memo import ScoreMemo
 from stagewise.model.checkpoint import read_meta
@@ -83,10 +84,11 @@ def _log_profile(rates: dict[str, float], wiring: RLWiring, samples: int, tracke
 @task(**once("rl-heldout"))
 def heldout_eval_task(generator, wiring: RLWiring, ids: list[str], samples: int, max_new_tokens: int,
                       temperature: float, seed: int, tracker: Tracker, run_id: str, at: tuple[int, int],
-                      prefix: str = "rl/test", memo: ScoreMemo | None = None, weights: str = "") -> dict[str, float]:
+                      prefix: str = "rl/test", memo: ScoreMemo | None = None, weights: str = "") -> Scored:
     """pass@1 and greedy accuracy per domain on the held-out prompts, logged as `<prefix>/pass_at_1/<domain>`
-    and `<prefix>/greedy/<domain>` at `at` = (step, tokens); read from `memo` when the weights the
-    generator holds (`weights`, their sha256) were scored this way before."""
+    and `<prefix>/greedy/<domain>` at `at` = (step, tokens), with each prompt's pass@1 (the items of
+    `<prefix>/pass_at_1/all`, an artifact `heldout/<prefix>/items_<step>.json`); read from `memo` when
+    the weights the generator holds (`weights`, their sha256) were scored this way before."""
     def score() -> dict:
         return heldout_scores(generator, wiring, ids, samples, max_new_tokens, temperature, seed)
 
@@ -97,9 +99,12 @@ def heldout_eval_task(generator, wiring: RLWiring, ids: list[str], samples: int,
         scores, remembered = memo.get(HELDOUT_KIND, spec, score)
         if remembered is not None:
             run_logger().info("%s: held-out scores of these weights read from %s (scored before)", prefix, remembered)
-    metrics = {f"{prefix}/{kind}/{d}": v for kind, per in scores.items() for d, v in per.items()}
+    metrics = {f"{prefix}/{kind}/{d}": v for kind, per in scores.items() if kind != ITEMS for d, v in per.items()}
+    items = {f"{prefix}/{kind}/all": per for kind, per in scores.get(ITEMS, {}).items()}
     tracker.log_metrics(run_id, [(at[0], at[1], metrics)])
-    return metrics
+    if items:
+        tracker.log_json(run_id, items, f"heldout/{prefix}/items_{at[0]:08d}.json")
+    return Scored(metrics, items)
 
 
 @task(**once("rl-train"))

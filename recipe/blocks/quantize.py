@@ -38,7 +38,8 @@ class QuantizeStage(QuantizeConfig, LaunchChoice):
     eval_limit: int | None = Field(40, gt=0)
     """Items per task of that suite (None: all)."""
     max_drop: float | None = Field(None, ge=0)
-    """Fail the stage when held-out exact match drops by more than this (None: report only)."""
+    """Fail the stage when held-out exact match drops by more than this (None: report only); the
+    closing table calls the change `kept` when its 95% interval stays within it (eval/intervals.py)."""
 
     def stretches(self, at: str) -> Iterator[Stretch]:
         """None: quantization calibrates and exports, it trains nothing."""

@@ -71,6 +71,9 @@ def test_a_rerun_trains_nothing_and_prefect_reports_the_steps_cached(pipeline_ru
         assert stage["reused"]
     assert again["stages"][1]["metrics"] == first["stages"][1]["metrics"]
     assert [(s["before"], s["after"]) for s in again["stages"]] == [(s["before"], s["after"]) for s in first["stages"]]
+    # a reused stage's time is what it cost when it was trained (its MLflow run's), not the reuse's
+    for was, now in zip(first["stages"], again["stages"]):
+        assert now["seconds"] >= 0.5 * was["seconds"], (was["stage"], was["seconds"], now["seconds"])
     runs = from_prefect(again["prefect_flow_run_id"], "tasks")
     names = [r.name.rsplit("-", 1)[0] for r in runs]
     assert "train" not in names and "validation-loss" not in names and "needle-eval" not in names, names
@@ -157,6 +160,11 @@ def test_the_pipeline_run_keeps_the_closing_table(pipeline_run, tmp_path):
     for row, stage in zip(table["stages"], summary["stages"]):
         assert {k: row[k] for k in ("metric", "before", "after", "tokens", "run_id")} == \
                {k: stage[k] for k in ("metric", "before", "after", "tokens", "run_id")}
+    # the parent run reads as the table in MLflow: its description, each stage's target a metric
+    described = client.get_run(parent).data
+    assert "| stage | metric | before -> after |" in described.tags["mlflow.note.content"]
+    assert described.metrics["pretrain/eval/validation/loss"] == pytest.approx(pre["after"])
+    assert described.metrics["pretrain/eval/validation/loss_before"] == pytest.approx(pre["before"])
 
 
 @pytest.mark.slow

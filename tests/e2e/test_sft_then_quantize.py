@@ -37,6 +37,11 @@ def test_the_stage_quantizes_the_handed_on_checkpoint_and_reports_its_row(quanti
     assert m["effective_bits"] <= 6.0 + 1e-9 and m["recounted_bits"] == pytest.approx(m["effective_bits"])
     assert abs(m["delta/test/exact_match"]) <= 0.02, m  # the reloaded export scores like BF16 at 6 bits
     assert row["before"] == pytest.approx(m["bf16/test/exact_match"])
+    # the change's interval over the held-out conversations, within max_drop: kept (or better)
+    from stagewise.eval.intervals import verdict
+
+    assert row["tolerance"] == 0.1 and row["items"] > 10 and row["gain_low"] <= row["gain_high"]
+    assert row["verdict"] == verdict(row["gain_low"], row["gain_high"], True, 0.1) and row["verdict"] in ("kept", "better")
     export = Path(row["checkpoint"])
     plan = json.loads((export / "stagewise_quant.json").read_text())
     assert plan["source"] == sft["checkpoint"]

@@ -97,6 +97,26 @@ def test_the_student_gains_what_its_teachers_gained(distill_run):
 
 
 @pytest.mark.slow
+def test_every_claimed_gain_carries_its_interval_and_the_verdict_it_supports(distill_run):
+    """SFT, RL (reused: its row as trained) and distillation: the gain's 95% interval over the held-out
+    items around after - before, the verdict read off it, the bounds on the stage run and the
+    per-item results an artifact there."""
+    from stagewise.eval.intervals import verdict
+
+    summary, client, _ = distill_run
+    for row in summary["stages"][1:]:
+        gain = row["after"] - row["before"]
+        assert row["items"] >= 5 and row["gain_low"] <= gain + 1e-9 <= row["gain_high"] + 2e-9, row
+        assert row["verdict"] == verdict(row["gain_low"], row["gain_high"], True, row["tolerance"]), row
+        metrics = client.get_run(row["run_id"]).data.metrics
+        assert metrics[f"{row['metric']}_gain_low"] == pytest.approx(row["gain_low"]), row["stage"]
+    distill = summary["stages"][3]
+    items = {a.path for a in client.list_artifacts(distill["run_id"], "heldout/distill/test/student")}
+    assert items == {"heldout/distill/test/student/items_00000000.json",
+                     "heldout/distill/test/student/items_00000001.json"}
+
+
+@pytest.mark.slow
 def test_a_second_round_retrains_the_teachers_from_the_first_rounds_student(tiny_pretrain, cli):
     trained = "rl: {steps: 2, filter: null, data: {heldout_limit: 8}}"  # rounds > 1: every teacher trained here
     short = ["stages.distill.steps=3", "stages.distill.rounds=2", "stages.distill.eval_suite=null",

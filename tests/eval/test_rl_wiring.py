@@ -82,10 +82,13 @@ class _CountingGenerator:
 
 class _Tracker:
     def __init__(self):
-        self.logged = []
+        self.logged, self.files = [], {}
 
     def log_metrics(self, run_id, records):
         self.logged.extend(records)
+
+    def log_json(self, run_id, obj, artifact_file):
+        self.files[artifact_file] = obj
 
 
 def test_heldout_scores_are_read_back_for_the_same_weights_only(tmp_path, tokenizer):
@@ -98,11 +101,16 @@ def test_heldout_scores_are_read_back_for_the_same_weights_only(tmp_path, tokeni
     score = lambda weights, prefix: heldout_eval_task.fn(  # noqa: E731
         gen, wiring, ids, 2, 4, 1.0, 0, tracker, "run", (0, 0), prefix=prefix, memo=ScoreMemo(tmp_path), weights=weights)
     first = score("sha-a", "rl/test")
-    assert first["rl/test/pass_at_1/a"] == 0.5 and gen.calls == 2  # sampled + greedy
+    assert first.metrics["rl/test/pass_at_1/a"] == 0.5 and gen.calls == 2  # sampled + greedy
+    # each prompt's pass@1 (the generator answers 5: right for the first row, wrong for the second),
+    # the items of the overall rate (an artifact too)
+    assert first.items == {"rl/test/pass_at_1/all": {"a:1": 1.0, "a:2": 0.0}}
+    assert tracker.files["heldout/rl/test/items_00000000.json"] == first.items
     again = score("sha-a", "distill/test/student")
     assert gen.calls == 2  # read back, not generated
-    assert again == {k.replace("rl/test", "distill/test/student"): v for k, v in first.items()}
-    assert tracker.logged[-1][2] == again  # logged under the caller's prefix
+    assert again.metrics == {k.replace("rl/test", "distill/test/student"): v for k, v in first.metrics.items()}
+    assert again.items == {"distill/test/student/pass_at_1/all": first.items["rl/test/pass_at_1/all"]}
+    assert tracker.logged[-1][2] == again.metrics  # logged under the caller's prefix
     score("sha-b", "rl/test")
     assert gen.calls == 4  # other weights: scored
     assert len(list(tmp_path.glob("heldout-*/scores.json"))) == 2

@@ -60,6 +60,12 @@ def test_pass_at_1_and_greedy_per_domain_are_the_verifiers_mean(tmp_path, tiny_c
     assert scores["prompts"] == {"a": 3, "b": 2}
     assert scores["pass_at_1"] == pytest.approx({"a": 2 / 3, "b": 0.5, "all": 0.6})
     assert scores["greedy"] == pytest.approx({"a": 2 / 3, "b": 0.5, "all": 0.6})
+    # every answer is 42, so each prompt's pass@1 is 0 or 1: Wilson's interval of 3 of 5, 2 of 3, 1 of 2
+    from stagewise.eval.intervals import wilson
+
+    assert scores["pass_at_1_interval"] == {"a": list(wilson(2, 3)), "all": list(wilson(3, 5)),
+                                           "b": list(wilson(1, 2))}
+    assert scores["pass_at_1_interval"]["all"] == pytest.approx([0.2307, 0.8824], abs=1e-4)  # textbook 3/5
 
 
 def test_limit_takes_rows_round_robin_and_rows_without_domain_take_the_files_name(tmp_path, tiny_checkpoint, forty_two):
@@ -91,6 +97,11 @@ def test_the_cli_scores_the_demo_worlds_rows_and_prints_json(tmp_path, tiny_chec
         assert set(report[kind]) == {*report["prompts"], "all"}
         assert all(0.0 <= v <= 1.0 for v in report[kind].values())
     assert (report["samples"], report["max_new_tokens"], report["limit"]) == (2, 3, 6)
+    low, high = report["pass_at_1_interval"]["all"]
+    assert 0.0 <= low <= report["pass_at_1"]["all"] <= high <= 1.0
+    shown = runner.invoke(app, ["eval", str(tiny_checkpoint), "--rows", str(paths["eval"]), "--samples", "2",
+                                "--max-new-tokens", "3", "--limit", "6"])
+    assert "pass@1  (95% interval)" in shown.stdout and f"({low:.3f}-{high:.3f})" in shown.stdout
 
 
 @pytest.mark.parametrize("args, message", [

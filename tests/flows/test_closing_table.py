@@ -7,8 +7,11 @@ import time
 
 import pytest
 
+from stagewise.eval.intervals import gain_fields
 from stagewise.flows.closing_table import (
+    DESCRIPTION_TAG,
     closing_rows,
+    describe_parent_run,
     gate_decisions,
     log_closing_table,
     loss_curves,
@@ -40,7 +43,8 @@ def test_rows_have_every_column_and_empty_cells_for_a_stage_without_summary():
     assert [r["stage"] for r in rows] == ["pretrain", "merge", "sft", "quantize"]
     assert rows[0] == {"stage": "pretrain", "metric": "eval/validation/loss", "before": 8.3, "after": 2.99,
                             "higher_is_better": False, "tokens": 1_474_560, "seconds": 410.2, "run_id": "r1",
-                            "reused": True, "note": None}
+                            "reused": True, "note": None, "gain_low": None, "gain_high": None, "items": None,
+                            "tolerance": None, "verdict": None}
     assert rows[3]["metric"] is None and rows[3]["tokens"] == 0
 
 
@@ -62,6 +66,37 @@ def test_a_rows_note_is_printed_after_its_change():
                                          higher_is_better=True, note="5.92 effective bits"))
     line = render(closing_rows([q])).splitlines()[2]
     assert "0.055 -> 0.05  (worse)  [5.92 effective bits]" in line
+
+
+def test_a_row_with_per_item_scores_shows_the_gain_its_interval_and_what_it_supports():
+    """The verdict follows the interval, not the point change: +0.035 over items that mostly did not
+    move is not distinguishable from zero; 9 of 20 items gained is better; a quantized model that
+    lost one answer of 50 is kept within max_drop 0.1 (a resample holds that loss 3 times or more with
+    probability ~0.08, 4 or more ~0.02: the lower bound is -3/50)."""
+    before = {f"p{i}": 0.0 for i in range(20)}
+    one_up = before | {"p0": 0.7}  # one prompt's pass@1 0 -> 0.7: +0.035 on average
+    nine_up = before | {f"p{i}": 1.0 for i in range(9)}
+    lost_one = {f"q{i}": 1.0 for i in range(50)}
+    rl = StageResult(stage="rl", checkpoint="/c/r", run_id="r6", summary=StageSummary(
+        metric="rl/test/pass_at_1/all", before=0.0, after=0.035, higher_is_better=True,
+        **gain_fields(before, one_up, True)))
+    sft = StageResult(stage="sft", checkpoint="/c/s", run_id="r7", summary=StageSummary(
+        metric="eval/sft_test/exact_match", before=0.0, after=0.45, higher_is_better=True,
+        **gain_fields(before, nine_up, True)))
+    quant = StageResult(stage="quantize", checkpoint="/c/q", run_id="r8", summary=StageSummary(
+        metric="quant/test/exact_match", before=1.0, after=0.98, higher_is_better=True,
+        **gain_fields(lost_one, lost_one | {"q3": 0.0}, True, tolerance=0.1)))
+    rows = closing_rows([rl, sft, quant])
+    assert [r["verdict"] for r in rows] == ["not distinguishable", "better", "kept"]
+    # one nonzero difference of 0.7 in 20: a resample misses it with probability (19/20)^20 = 0.36,
+    # so the lower bound is 0; the upper is 2 or 3 hits of 0.7 (0.07-0.105)
+    assert rows[0]["gain_low"] == 0.0 and 0.07 <= rows[0]["gain_high"] <= 0.105 and rows[0]["items"] == 20
+    assert rows[1]["gain_low"] > 0.2 and rows[1]["gain_high"] < 0.7
+    assert rows[2]["gain_low"] == pytest.approx(-0.06) and rows[2]["gain_high"] == 0.0 and rows[2]["tolerance"] == 0.1
+    lines = render(rows).splitlines()[2:]
+    assert f"0 -> 0.035  +0.035 [+0, {rows[0]['gain_high']:+.3g}] (not distinguishable)" in lines[0]
+    assert "(better)" in lines[1] and "0.45  +0.45 [" in lines[1]
+    assert "1 -> 0.98  -0.02 [-0.06, +0] (kept)" in lines[2]
 
 
 def test_the_markdown_table_has_the_texts_cells_and_links_each_run():
@@ -198,3 +233,29 @@ def test_the_closing_table_logs_a_report_with_every_stage_panel(store, tmp_path)
                  "lines: general, reasoning)", "rl: reward (mean over rollouts)", "rl: tokens masked by importance",
                  "distill: reverse KL to the teachers per round (distill/reverse_kl per step; lines: round-1)"):
         assert f"<li>{name}" in page
+
+
+def test_the_parent_run_reads_as_the_closing_table_in_mlflow(store):
+    """Its description is the closing table (Markdown, runs linked); each stage's target is a metric of
+    the parent, with its before and its gain's bounds where the row has them."""
+    tracker, _, _ = store
+    parent = tracker.start_run("tiny (described)", {})
+    before = {f"p{i}": 0.0 for i in range(10)}
+    rl = StageResult(stage="rl", checkpoint="/c/r", run_id="r9", summary=StageSummary(
+        metric="rl/test/pass_at_1/all", before=0.0, after=0.5, higher_is_better=True,
+        **gain_fields(before, before | {f"p{i}": 1.0 for i in range(5)}, True)))
+    rows = closing_rows([*_results(), rl])
+    describe_parent_run(tracker, parent, rows)
+    tracker.flush(parent)
+    run = tracker.client().get_run(parent)
+    description = run.data.tags[DESCRIPTION_TAG]
+    assert "| stage | metric | before -> after |" in description and "[r9](" in description
+    assert "(better)" in description
+    metrics = run.data.metrics
+    assert metrics["pretrain/eval/validation/loss"] == pytest.approx(2.99)
+    assert metrics["pretrain/eval/validation/loss_before"] == pytest.approx(8.3)
+    assert metrics["rl/rl/test/pass_at_1/all"] == pytest.approx(0.5)
+    assert metrics["rl/rl/test/pass_at_1/all_gain_low"] == pytest.approx(rows[-1]["gain_low"])
+    assert metrics["rl/rl/test/pass_at_1/all_gain_high"] == pytest.approx(rows[-1]["gain_high"])
+    assert "pretrain/eval/validation/loss_gain_low" not in metrics  # a loss has no per-item interval
+    assert not any(k.startswith("quantize/") for k in metrics)  # no summary, no metric

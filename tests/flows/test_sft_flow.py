@@ -26,13 +26,15 @@ class FakeTracker:
 
 
 def test_scores_evaluate_each_weights_once_and_copy_to_other_runs(monkeypatch):
+    from stagewise.eval.intervals import Scored
+
     calls = []
 
     def fake_heldout(ref, path, split, seed, pack_size, limit, tracker, run_id, device, switch, drop_reasoning):
         assert drop_reasoning is False  # the recipe keeps its traces
         calls.append(("heldout", split, ref.path, run_id))
         tracker.log_metrics(run_id, [(ref.step, ref.tokens_seen, {f"eval/sft_{split}/loss": 2.0})])
-        return {f"eval/sft_{split}/loss": 2.0}
+        return Scored({f"eval/sft_{split}/loss": 2.0}, {f"eval/sft_{split}/exact_match": {"c1": 1, "c2": 0}})
 
     def fake_suite(ref, tasks, limit, tracker, run_id, device):
         calls.append(("suite", tuple(tasks), limit))
@@ -56,6 +58,9 @@ def test_scores_evaluate_each_weights_once_and_copy_to_other_runs(monkeypatch):
     assert ("stage-run", 25, 90000, {"eval/sft_dev/loss": 2.0}) in tracker.logged
     scores(same_weights, ["t"], 20, "stage-run")  # another limit is another evaluation
     assert calls[-1] == ("suite", ("t",), 20)
+    # each conversation's result, by weights, for the closing table's interval (a copy adds nothing new)
+    assert scores.items == {"abc": {"eval/sft_dev/exact_match": {"c1": 1, "c2": 0},
+                                    "eval/sft_test/exact_match": {"c1": 1, "c2": 0}}}
     no_heldout = Scores(FakeTracker(), None, 40, 512, seed=7)
     assert no_heldout(ckpt, None, None, "r") == {}
 
