@@ -210,7 +210,7 @@ def _cutoff_figure(reports: list[dict], rule, title: str):
     thresholds: dict[str, list[float]] = {}
     for _, c in rule.conditions():
         if not c.relative:
-            thresholds.setdefault(c.metric, []).append(c.value)
+            thresholds.setdefault(c.series, []).append(c.value)
     return cutoff_plot(runs, rule.metrics(), cuts, thresholds, title)
 
 

@@ -14,13 +14,14 @@ tool-use domain" reads as one table: a row per metric, a column per variant, the
 
 from __future__ import annotations
 
+from stagewise.eval.metric_names import BOUND_ENDS
 from stagewise.eval.plots.kinds import HIGHER_IS_BETTER, metric_kind
 
 
 def scores(metrics: dict[str, float]) -> dict[str, float]:
-    """A result's own scores: not the starting model's (`base/`), not deltas, not counts."""
+    """A result's own scores: not the starting model's (`base/`), not deltas, not interval bounds, not counts."""
     return {k: v for k, v in metrics.items()
-            if not k.startswith("base/") and not k.endswith("_delta") and "stderr" not in k
+            if not k.startswith("base/") and not k.endswith(("_delta", *BOUND_ENDS)) and "stderr" not in k
             and metric_kind(k, v) != "count" and k != "tokens_seen"}
 
 

@@ -25,7 +25,9 @@ A rule in YAML:
 Semantics (the contract the tests pin down):
 - A condition compares the metric's latest value with `value`; with `relative: true` the
   threshold is `start + value`, where start is the first value in the history (the stage's
-  evaluation at its start; a gated flow should evaluate once before training).
+  evaluation at its start; a gated flow should evaluate once before training). With `bound:
+  lower|upper` it reads the metric's interval bound instead (`<metric>_low|_high`), e.g.
+  `{metric: eval/sft_dev/format_match, bound: lower, op: ">=", value: 0.5}`.
 - Metrics are aligned by step: at each evaluation step a metric's value is its latest one
   at or before that step.
 - A guard measures the drop of its metric from a baseline: the start value (`baseline:
@@ -54,6 +56,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
+from stagewise.eval.metric_names import BOUND_ENDS
 
 History = list[tuple[int, int, float]]
 """(step, tokens_seen, value) per evaluation, oldest first."""
@@ -61,6 +64,8 @@ Histories = dict[str, History]
 
 Op = Literal[">", ">=", "<", "<=", "=="]
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
+BOUND_SUFFIX = dict(zip(("lower", "upper"), BOUND_ENDS))
+"""Where a rate's interval bounds are logged: `<metric>_low`, `<metric>_high`."""
 
 
 
@@ -75,6 +80,16 @@ class Condition(StrictConfig):
     """The threshold, or with `relative` the offset added to the metric's start value."""
     relative: bool = False
     """Compare against start + value (start: the first value in the stage's history)."""
+    bound: Literal["lower", "upper"] | None = None
+    """Compare an end of the metric's 95% interval instead of its value: `lower` holds only on evidence
+    that the rate is above the bar, `upper` fails only on evidence that it is below. Held-out rates
+    scored per item log theirs next to them (`<metric>_low`, `<metric>_high`: eval/intervals.py), so
+    a bar on a bound does not flap with one answer on a small dev set."""
+
+    @property
+    def series(self) -> str:
+        """The logged metric the condition reads: the metric, or its interval's bound."""
+        return self.metric + BOUND_SUFFIX[self.bound] if self.bound else self.metric
 
 
 class Guard(StrictConfig):
@@ -145,7 +160,7 @@ class GateRule(StrictConfig):
 
     def metrics(self) -> list[str]:
         """Every metric the rule reads, in rule order, without repeats."""
-        names = [c.metric for _, c in self.conditions()] + [g.metric for g in self.guards]
+        names = [c.series for _, c in self.conditions()] + [g.metric for g in self.guards]
         names += [self.primary_metric()] if self.patience and self.primary_metric() else []
         return list(dict.fromkeys(names))
 
@@ -219,12 +234,12 @@ def _eval_steps(rule: GateRule, histories: Histories) -> list[tuple[int, int]]:
 
 
 def _condition(group: str, c: Condition, histories: Histories, step: float) -> dict[str, Any]:
-    hist = histories[c.metric]
+    hist = histories[c.series]
     now = _as_of(hist, step)
     start = hist[0][2] if hist else None
     threshold = (start + c.value) if (c.relative and start is not None) else c.value
     holds = now is not None and (not c.relative or start is not None) and _OPS[c.op](now[2], threshold)
-    return {"group": group, "metric": c.metric, "op": c.op, "value": c.value, "relative": c.relative,
+    return {"group": group, "metric": c.series, "bound": c.bound, "op": c.op, "value": c.value, "relative": c.relative,
             "start": start, "threshold": threshold, "current": now[2] if now else None,
             "step": now[0] if now else None, "tokens_seen": now[1] if now else None, "holds": bool(holds)}
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,7 +36,8 @@ from stagewise.data.chat import chat_text, turn_end_token
 from stagewise.data.reasoning_switch import SwitchSetting
 from stagewise.data.sft_config import PackingConfig
 from stagewise.data.sft_packs import KEYS, pack_conversations
-from stagewise.eval.metric_names import ANSWER_SCORES
+from stagewise.eval.intervals import rate_interval
+from stagewise.eval.metric_names import ANSWER_SCORES, BOUND_ENDS
 from stagewise.model.objectives.sft import IGNORE
 from stagewise.model.packed import causal_lm, packed_hidden
 
@@ -164,19 +166,30 @@ def answer_item_ids(items: list[tuple[list[dict], str, str]]) -> list[str]:
     return ids
 
 
-def answer_metrics(results: dict[str, dict]) -> dict[str, float]:
-    """heldout_answers' metrics from answer_results: each score over all items and per domain."""
-    if not results:
-        return {}
-    metrics = {"answered": float(len(results))}
+def _rates(results: dict[str, dict]) -> Iterator[tuple[str, list[int]]]:
+    """(rate name, its items' 0/1 results): each answer score over all items, then per domain."""
     for name in ANSWER_SCORES:
         per: dict[str, list[int]] = defaultdict(list)
         for r in results.values():
             per[r["domain"]].append(r[name])
-        every = [h for v in per.values() for h in v]
-        metrics[name] = sum(every) / len(every)
-        metrics.update({f"{name}_{d}": sum(v) / len(v) for d, v in sorted(per.items())})
-    return metrics
+        yield name, [h for v in per.values() for h in v]
+        yield from ((f"{name}_{d}", v) for d, v in sorted(per.items()))
+
+
+def answer_intervals(results: dict[str, dict]) -> dict[str, float]:
+    """Each of answer_metrics' rates' 95% interval (Wilson's: the items are 0 or 1), as
+    `<rate>_low` and `<rate>_high`: what a gate's `bound` reads (eval/gates.py)."""
+    out: dict[str, float] = {}
+    for rate, values in _rates(results):
+        out[f"{rate}{BOUND_ENDS[0]}"], out[f"{rate}{BOUND_ENDS[1]}"] = rate_interval(values)
+    return out
+
+
+def answer_metrics(results: dict[str, dict]) -> dict[str, float]:
+    """heldout_answers' metrics from answer_results: each score over all items and per domain."""
+    if not results:
+        return {}
+    return {"answered": float(len(results)), **{rate: sum(v) / len(v) for rate, v in _rates(results)}}
 
 
 def _generate(model: torch.nn.Module, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int,

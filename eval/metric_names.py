@@ -29,6 +29,8 @@ def heldout_prefix(split: str) -> str:
 
 ANSWER_SCORES = ("exact_match", "format_match")
 """What eval/heldout.py heldout_answers scores, overall and per domain as `<score>_<domain>`."""
+BOUND_ENDS = ("_low", "_high")
+"""Each rate's 95% interval is logged next to it as `<rate>_low`, `<rate>_high` (eval/intervals.py)."""
 
 
 def validation_metric_names(sources: Iterable[str]) -> list[str]:
@@ -39,7 +41,8 @@ def validation_metric_names(sources: Iterable[str]) -> list[str]:
 
 def heldout_metric_names(domains: Iterable[str]) -> list[str]:
     """Every name heldout_task logs under `heldout_prefix(split)` for conversations of these domains:
-    heldout_answers' (answered, the scores, per domain) and heldout_loss's (loss, supervised tokens)."""
+    heldout_answers' (answered, the scores, per domain, each score's interval bounds) and heldout_loss's
+    (loss, supervised tokens)."""
     domains = list(domains)
-    per_domain = [f"{score}_{d}" for score in ANSWER_SCORES for d in domains]
-    return ["answered", *ANSWER_SCORES, *per_domain, "loss", "supervised_tokens"]
+    rates = [*ANSWER_SCORES, *(f"{score}_{d}" for score in ANSWER_SCORES for d in domains)]
+    return ["answered", *rates, *(f"{r}{end}" for r in rates for end in BOUND_ENDS), "loss", "supervised_tokens"]

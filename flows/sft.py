@@ -56,6 +56,7 @@ from stagewise.engines.megatron.chat_rows import write_chat_rows
 from stagewise.engines.megatron.stage import sft_plan
 from stagewise.engines.megatron.translate import MLflowTarget, megatron_precision
 from stagewise.eval.intervals import gain_fields
+from stagewise.eval.metric_names import BOUND_ENDS
 from stagewise.eval.plots import before_after_plot
 from stagewise.eval.score_memo import ScoreMemo
 from stagewise.eval.splits import SPLITS
@@ -162,12 +163,14 @@ class Scores:
 
 COUNTS = ("answered", "supervised_tokens")
 """Held-out metrics that count items rather than score them: no delta."""
+NOT_SCORES = COUNTS + BOUND_ENDS
+"""Held-out metrics with no delta and no place in the before/after table: counts, interval bounds."""
 
 
 def deltas(base: dict[str, float], final: dict[str, float]) -> dict[str, float]:
     """`sft/<task>/<metric>_delta` = final - base for every `eval/<task>/<metric>` both have (scores, not counts)."""
     return {f"sft/{k.removeprefix('eval/')}_delta": final[k] - base[k] for k in sorted(base)
-            if k in final and not k.endswith(COUNTS)}
+            if k in final and not k.endswith(NOT_SCORES)}
 
 
 def substage_spec(sub: SFTSubStage, train: TrainConfig, mtp: MTPConfig, suite: list[str] | None,
@@ -353,11 +356,13 @@ def _refuse_without_switch(start: str, block: SFTInputs) -> None:
 
 
 def _report(tracker: Tracker, run_id: str, base: dict, final: dict, names: list[str]) -> None:
-    """The before/after table (JSON) and picture (PNG) of the stage's evaluations."""
+    """The before/after table (JSON) and picture (PNG) of the stage's evaluations (scores, not bounds)."""
+    base = {k: v for k, v in base.items() if not k.endswith(BOUND_ENDS)}
     table = {k: {"base": base[k], "sft": final.get(k), "delta": final[k] - base[k] if k in final else None} for k in base}
     tracker.log_json(run_id, {"substages": names, "metrics": table}, "reports/sft_before_after.json")
     if table:
-        tracker.log_figure(run_id, before_after_plot(base, final, "SFT: base vs fine-tuned"), "reports/sft_before_after.png")
+        shown = {k: v for k, v in final.items() if not k.endswith(BOUND_ENDS)}
+        tracker.log_figure(run_id, before_after_plot(base, shown, "SFT: base vs fine-tuned"), "reports/sft_before_after.png")
 
 
 STAGE_ENTRY = Stage(name=STAGE, flow=sft_flow, select=select, start="handed_on",

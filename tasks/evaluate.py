@@ -14,7 +14,7 @@ from stagewise.data.sft_rows import without_reasoning
 from stagewise.data.stats import unigram_cross_entropy
 from stagewise.eval.gates import check_metrics, decide
 from stagewise.eval.harness import run_checkpoint
-from stagewise.eval.heldout import answer_metrics, answer_results, heldout_loss, read_conversations
+from stagewise.eval.heldout import answer_intervals, answer_metrics, answer_results, heldout_loss, read_conversations
 from stagewise.eval.intervals import Scored
 from stagewise.eval.metric_names import ANSWER_SCORES, SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX, heldout_prefix
 from stagewise.eval.plots import loss_curves
@@ -119,7 +119,8 @@ def heldout_task(
 ) -> Scored:
     """One split (eval/splits.py: `dev` or `test`, by the recipe's `seed`) of the held-out conversations
     (eval/heldout.py): greedy exact match and SFT loss of a checkpoint, logged as
-    `eval/sft_<split>/<metric>` at the checkpoint's step, with each conversation's exact match (the
+    `eval/sft_<split>/<metric>` at the checkpoint's step (each rate's 95% interval as `<rate>_low` and
+    `<rate>_high`, what a gate's `bound` reads), with each conversation's exact match (the
     items of `eval/sft_<split>/exact_match`; an artifact `heldout/eval/sft_<split>/items_<step>.json`). `switch`: the recipe's
     tokenizer.reasoning_switch (the prompts are written with reasoning off); `drop_reasoning`: the SFT
     data's `reasoning_content: drop` (the loss is taken on the conversations without their traces)."""
@@ -129,8 +130,8 @@ def heldout_task(
     if drop_reasoning:
         convs = [without_reasoning(c) for c in convs]
     results = answer_results(model, tokenizer, convs, limit, device=device, switch=switch)
-    metrics = answer_metrics(results) | heldout_loss(model, tokenizer, convs, pack_size, limit, device=device,
-                                                     switch=switch)
+    metrics = answer_metrics(results) | answer_intervals(results) | heldout_loss(model, tokenizer, convs, pack_size,
+                                                                                  limit, device=device, switch=switch)
     prefix = heldout_prefix(split)
     named = {f"{prefix}/{k}": v for k, v in metrics.items()}
     items = {f"{prefix}/{name}": {key: r[name] for key, r in results.items()} for name in ANSWER_SCORES} if results else {}

@@ -45,21 +45,36 @@ def _history(client, run, name):
 
 
 @pytest.mark.slow
-def test_stage_1s_gate_decides_on_dev_read_back_from_mlflow(sft_run):
+def test_stage_1s_gate_decides_on_dev_read_back_from_mlflow(sft_run, cli, tmp_path):
     """The recipe's gate between SFT stage 1 and what follows: evaluated at the sub-stage's end on the
-    held-out dev split, its decision (with evidence) in the sub-stage's MLflow run and the closing table."""
+    held-out dev split, on the lower end of the rate's 95% interval, its decision (with evidence) in
+    the sub-stage's MLflow run and the closing table; `stagewise cutoffs` replays it from MLflow."""
     summary, client, runs = sft_run
     row = summary["stages"][1]
     gate = row["gate"]
     assert (gate["substage"], gate["action"], gate["held"]) == ("stage1", "stop", True), gate
     [cond] = gate["evidence"]["conditions"]
-    assert cond["metric"] == "eval/sft_dev/format_match" and cond["holds"] and cond["current"] >= 0.3
+    assert cond["metric"] == "eval/sft_dev/format_match_low" and cond["bound"] == "lower"
+    assert cond["holds"] and cond["current"] >= 0.2
     stage1 = _run(runs, **{"stagewise.substage": "stage1"})
     assert stage1.data.tags["stagewise.gate"] == "stop"
-    history = client.get_metric_history(stage1.info.run_id, "eval/sft_dev/format_match")
-    assert history and history[-1].value == cond["current"]  # what the gate read is what MLflow holds
+    low = client.get_metric_history(stage1.info.run_id, "eval/sft_dev/format_match_low")
+    assert low and low[-1].value == cond["current"]  # what the gate read is what MLflow holds
+    point = client.get_metric_history(stage1.info.run_id, "eval/sft_dev/format_match")[-1].value
+    high = client.get_metric_history(stage1.info.run_id, "eval/sft_dev/format_match_high")[-1].value
+    assert cond["current"] < point < high  # a Wilson interval around the rate (neither 0 nor 1 here)
     assert not client.get_metric_history(stage1.info.run_id, "eval/sft_test/format_match")  # gates never see test
     assert row["note"].startswith("stage1 gate: stop at 983,040 of 983,040 tokens (rule held)")
+
+    rule = tmp_path / "rule.yaml"
+    rule.write_text("all:\n  - {metric: eval/sft_dev/format_match, bound: lower, op: '>=', value: 0.2}\n")
+    proc = cli("cutoffs", "--experiment", summary["experiment"], "--stage", "sft", "--rule", str(rule),
+               "--tracking-uri", summary["tracking_uri"], "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    replayed = {r["run_name"]: r for r in json.loads(proc.stdout)["runs"]}
+    cut = replayed["sft/stage1"]["cutoff"]
+    assert (cut["step"], cut["tokens_seen"]) == (gate["step"], gate["tokens_seen"])
+    assert cut["values"] == {"eval/sft_dev/format_match_low": pytest.approx(cond["current"])}
 
 
 def test_pipeline_reuses_pretrain_and_hands_its_checkpoint_to_sft(sft_run, tiny_pretrain, cli):

@@ -47,6 +47,31 @@ def test_absolute_threshold_not_reached_continues():
     assert "0.29" in d.reason and d.evidence["conditions"][0]["holds"] is False
 
 
+def test_a_bound_reads_the_end_of_the_rates_interval_not_the_point():
+    """8 of 40 right (0.2): the point clears 0.15 but the lower bound (Wilson, 0.10499) does not; 16 of
+    40 (0.4, lower 0.263) clears it. Read from `<metric>_low`, as the held-out evaluation logs it."""
+    from stagewise.eval.intervals import wilson
+
+    lows = [wilson(k, 40)[0] for k in (8, 16)]
+    histories = {ACC: series(0.2, 0.4), ACC + "_low": series(*lows)}
+    point = gate(all=[{"metric": ACC, "op": ">=", "value": 0.15}])
+    lower = gate(all=[{"metric": ACC, "bound": "lower", "op": ">=", "value": 0.15}])
+    assert first_hold(point, histories)[0] == 0
+    step, _, values = first_hold(lower, histories)
+    assert step == 10 and values == {ACC + "_low": pytest.approx(0.2634, abs=1e-4)}
+    assert lower.metrics() == [ACC + "_low"]
+    d = ask(lower, {ACC: series(0.2), ACC + "_low": series(lows[0])})
+    assert d.action == "continue" and d.evidence["conditions"][0]["bound"] == "lower"
+    assert f"{ACC}_low = 0.105 >= 0.15" in d.reason
+    # upper: fails only on evidence of being below the bar (0 of 40: upper 0.088 < 0.1; 1 of 40: 0.129)
+    upper = gate(all=[{"metric": ACC, "bound": "upper", "op": ">=", "value": 0.1}])
+    assert first_hold(upper, {ACC + "_high": series(wilson(0, 40)[1], wilson(1, 40)[1])})[0] == 10
+    with pytest.raises(UnknownMetricError, match="_high"):  # a run that logged no bounds names what it has
+        first_hold(upper, {ACC: series(0.2)})
+    with pytest.raises(ValidationError, match="bound"):
+        gate(all=[{"metric": ACC, "bound": "middle", "op": ">=", "value": 0.1}])
+
+
 @pytest.mark.parametrize("op,value,expect", [(">", 0.5, "continue"), (">=", 0.5, "stop"), ("<", 0.6, "stop"),
                                              ("<=", 0.4, "continue"), ("==", 0.5, "stop")])
 def test_each_comparison_operator(op, value, expect):

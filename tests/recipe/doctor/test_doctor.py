@@ -249,8 +249,10 @@ def test_held_out_names_are_what_heldout_answers_returns(monkeypatch):
     convs = [{"domain": d, "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
              for d in ("arithmetic", "lookup")]
     monkeypatch.setattr(heldout, "_generate", lambda model, tok, prompts, n, device: ["a"] * len(prompts))
-    out = heldout.heldout_answers(torch.nn.Linear(1, 1), Tok(), convs)
+    results = heldout.answer_results(torch.nn.Linear(1, 1), Tok(), convs)
+    out = heldout.answer_metrics(results) | heldout.answer_intervals(results)  # what heldout_task logs
     assert set(out) | {"loss", "supervised_tokens"} == set(heldout_metric_names(["arithmetic", "lookup"]))
+    assert out["exact_match_low"] < out["exact_match"] == 1.0 == out["exact_match_high"]  # 2 of 2: Wilson
 
 
 def test_local_task_names_are_what_headline_metrics_reports():
