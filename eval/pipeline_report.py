@@ -54,6 +54,14 @@ class SignalPanel:
     """The metric names drawn (they label a one-metric panel's y axis and fix a rate's 0-1 axis)."""
     lines: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     """label -> [(step, value), ...] oldest first: a metric's name, a sub-stage's or a round's."""
+    when_flat: str | None = None
+    """Why every line may be one constant (e.g. `sampler and trainer agree: nothing to mask`): then
+    the panel says so in words instead of drawing a flat line."""
+
+    def flat(self) -> float | None:
+        """The one value every drawn point has, None when they differ (or nothing is drawn)."""
+        values = {v for points in self.drawn().values() for _, v in points}
+        return values.pop() if len(values) == 1 else None
 
     @property
     def heading(self) -> str:
@@ -101,7 +109,16 @@ def _curves_panel(ax, curves: dict[str, list[tuple[float, float]]], gates: list[
 
 
 def _signal_panel(ax, panel: SignalPanel) -> None:
-    """A stage's training metrics per step; rates on a fixed 0-1 axis."""
+    """A stage's training metrics per step; rates on a fixed 0-1 axis. A panel whose every point is one
+    value and that says why (`when_flat`) is that sentence instead of a flat line."""
+    constant = panel.flat()
+    if constant is not None and panel.when_flat:
+        steps = max(len(points) for points in panel.drawn().values())
+        ax.text(0.5, 0.5, f"{_common_name(panel.metrics)} = {constant:g} at all {steps} steps:\n{panel.when_flat}",
+                ha="center", va="center", fontsize=8, wrap=True, transform=ax.transAxes)
+        ax.set_title(panel.heading, fontsize=9, loc="left")
+        ax.set_axis_off()
+        return
     lines = panel.drawn()
     for label, points in lines.items():
         xs, ys = zip(*sorted(points))
@@ -143,7 +160,11 @@ def panel_names(curves: dict[str, list[tuple[float, float]]], signals: Sequence[
     for panel in _signals(signals):
         labels = list(panel.drawn())
         lines = "" if set(labels) <= set(panel.metrics) else f"; lines: {', '.join(labels)}"
-        names.append(f"{panel.heading} ({', '.join(panel.metrics)} per step{lines})")
+        constant = panel.flat()
+        if constant is not None and panel.when_flat:
+            names.append(f"{panel.heading} ({', '.join(panel.metrics)} = {constant:g} at every step: {panel.when_flat})")
+        else:
+            names.append(f"{panel.heading} ({', '.join(panel.metrics)} per step{lines})")
     return names
 
 
@@ -193,7 +214,7 @@ def _html(rows: list[dict], gates: list[dict], png: bytes, title: str, panels: l
         text, mark = describe_change(r)
         change = f"{text} {mark}".strip()
         mark = mark if mark in ("better", "worse") else ""
-        cells = [r.get("stage", ""), r.get("metric", ""), fmt(r.get("before")), fmt(r.get("after")), change,
+        cells = [r.get("stage", "") + (" (reused)" if r.get("reused") else ""), r.get("metric", ""), fmt(r.get("before")), fmt(r.get("after")), change,
                  fmt(r.get("tokens")), fmt(r.get("seconds"))]
         body.append(f'<tr class="{mark}">' + "".join(f"<td>{e(str(c))}</td>" for c in cells) + "</tr>")
     gate_items = "".join(f"<li>{e(line)}</li>" for line in _gate_lines(gates)) or "<li>no gate decided anything</li>"

@@ -171,7 +171,7 @@ def training_signals(tracker: Tracker, results: list[StageResult]) -> list[Signa
                         line = metric if not label else label if len(signal.metrics) == 1 else f"{label}: {metric}"
                         lines[line] = points
             if lines:
-                panels.append(SignalPanel(r.stage, signal.title, signal.metrics, lines))
+                panels.append(SignalPanel(r.stage, signal.title, signal.metrics, lines, signal.when_flat))
     return panels
 
 

@@ -403,7 +403,9 @@ def _report(tracker, run_id: str, before: dict[str, float], after: dict[str, flo
 
 STAGE_ENTRY = Stage(name=STAGE, flow=rl_flow, select=select, start="handed_on",
                     signals=(Signal("reward (mean over rollouts)", ("rl/reward/total", "rl/reward/accuracy")),
-                             Signal("tokens masked by importance sampling", ("rl/is_masked_fraction",))))
+                             Signal("tokens masked by importance sampling", ("rl/is_masked_fraction",),
+                                    when_flat="no token's trainer/sampler ratio left the mask's bounds "
+                                              "(a synchronous sampler at the trainer's precision): nothing to mask")))
 
 
 RL_OBJECTIVE_METRICS = ("pg_loss", "clip_fraction", "is_masked_fraction", "logprob_mismatch", "kl", "entropy",

@@ -99,6 +99,8 @@ class Signal:
     nested: bool = False
     """Read from each run nested under the stage's run with the stage's tag (SFT's sub-stages,
     distillation's rounds), one line per run labelled by its name; else from the stage's own run."""
+    when_flat: str | None = None
+    """What it means when every point is one value: the report says it instead of a flat line."""
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,9 @@ def stage_panels(axes: list[Axes], rows: list[dict]) -> int:
 
 
 def cost_panels(ax_tokens: Axes, ax_seconds: Axes, rows: list[dict]) -> None:
-    """Tokens and wall time per stage, each on its own axis."""
-    stages = [r["stage"] for r in rows]
+    """Tokens and wall time per stage, each on its own axis (a reused stage's: what it cost when trained,
+    marked `(reused)`)."""
+    stages = [r["stage"] + (" (reused)" if r.get("reused") else "") for r in rows]
     cost_bars(ax_tokens, stages, [r.get("tokens") for r in rows], "tokens trained")
     ax_tokens.set_title("what each stage cost: tokens", fontsize=9, loc="left")
     cost_bars(ax_seconds, stages, [r.get("seconds") for r in rows], "wall time (s)")

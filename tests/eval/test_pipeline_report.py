@@ -69,6 +69,17 @@ def test_pipeline_report_writes_png_and_self_contained_html(tmp_path):
     assert not re.search(r'(src|href)="(?!data:)', text)  # nothing to fetch
 
 
+def test_the_html_marks_a_reused_stage_and_shows_a_gains_interval_and_verdict(tmp_path):
+    rows = [{**ROWS[0], "reused": True},
+            {**ROWS[3], "gain_low": 0.02, "gain_high": 0.09, "items": 189, "verdict": "better"},
+            {**ROWS[3], "stage": "rl", "gain_low": -0.01, "gain_high": 0.12, "items": 322,
+             "verdict": "not distinguishable"}]
+    text = pipeline_report(rows, CURVES, GATES, tmp_path)[1].read_text(encoding="utf-8")
+    assert "<td>pretrain (reused)</td>" in text and "<td>410</td>" in text  # the time it cost when trained
+    assert '<tr class="better"><td>sft</td>' in text and "<td>+0.055 [+0.02, +0.09] better</td>" in text
+    assert '<tr class=""><td>rl</td>' in text and "<td>+0.055 [-0.01, +0.12] not distinguishable</td>" in text
+
+
 def _axes(fig) -> dict[str, object]:
     return {ax.get_title(loc="left"): ax for ax in fig.axes if ax.get_title(loc="left")}
 
@@ -98,6 +109,27 @@ def test_a_stage_without_data_has_no_axes():
     assert len(fig.axes) == len(bare.axes) + 1
     assert len(report_figure(ROWS, CURVES, GATES, empty).axes) == len(bare.axes)
     plt.close("all")
+
+
+def test_a_flat_signal_with_a_reason_says_it_in_words(tmp_path):
+    """RL's masked fraction is 0 at every step in a synchronous run: the panel says why instead of
+    drawing a flat line; a flat line without a declared reason is still drawn, and one that moves is
+    drawn whatever it declares."""
+    why = "nothing to mask"
+    flat = SignalPanel("rl", "tokens masked by importance sampling", ("rl/is_masked_fraction",),
+                       {"rl/is_masked_fraction": [(s, 0.0) for s in range(1, 161)]}, when_flat=why)
+    undeclared = SignalPanel("rl", "flat, no reason", ("rl/x",), {"rl/x": [(1, 0.0), (2, 0.0)]})
+    moving = SignalPanel("rl", "moves", ("rl/y",), {"rl/y": [(1, 0.0), (2, 0.1)]}, when_flat=why)
+    fig = report_figure(ROWS, CURVES, GATES, [flat, undeclared, moving])
+    axes = _axes(fig)
+    said = axes["rl: tokens masked by importance sampling"]
+    assert not said.get_lines() and [t.get_text() for t in said.texts] == [
+        "rl/is_masked_fraction = 0 at all 160 steps:\nnothing to mask"]
+    assert len(axes["rl: flat, no reason"].get_lines()) == 1 and len(axes["rl: moves"].get_lines()) == 1
+    plt.close(fig)
+    _png, page = pipeline_report(ROWS, CURVES, GATES, tmp_path, [flat])
+    assert "<li>rl: tokens masked by importance sampling (rl/is_masked_fraction = 0 at every step: nothing to mask)</li>" \
+        in page.read_text(encoding="utf-8")
 
 
 def test_the_html_names_every_chart_panel(tmp_path):
