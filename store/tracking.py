@@ -6,8 +6,8 @@ always sent with `log_batch`, chunked under MLflow's 1,000-metric limit (with ML
 SQLite, 1,000 single `log_metric` calls take 5.7 s and one `log_batch` of them 0.3 s).
 
 Layout (DESIGN.md): experiment = recipe name, tagged `mlflow.experimentKind` =
-`custom_model_development` so the MLflow UI opens it in its model-training view (an untagged
-experiment may be shown as a GenAI one); one parent run per pipeline run tagged with the
+`custom_model_development`, and every link to a run names the UI's model-training view (MLflow
+3's UI otherwise opens in the GenAI view, traces, whatever the tag says); one parent run per pipeline run tagged with the
 Prefect flow-run id; one nested run per stage tagged `stagewise.stage`.
 
 An MLflow server that stops answering for a while (a restart, a network blip) neither fails
@@ -59,6 +59,8 @@ EXPERIMENT_KIND = "custom_model_development"
 """The MLflow UI's "machine learning" (model training) workflow; `genai_development` is the other."""
 SPOOL_DIR = ".mlflow-spool"
 LOCAL_UI = "http://127.0.0.1:5000"
+UI_VIEW = "workflowType=machine_learning"
+"""The MLflow UI's model-training view (runs, metrics, description), not its GenAI one (traces)."""
 """Where `mlflow ui` serves a file or SQLite store by default."""
 _BATCH = 900
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -161,14 +163,15 @@ class Tracker:
 
     def ui_url(self, run_id: str) -> str:
         """The run's page in the MLflow UI: on the server itself when the store is one (http[s]://), else on
-        `mlflow ui --backend-store-uri <uri>` at its default address. A run's own page: opened bare, the
-        MLflow 3 UI lands in its GenAI view, and a person has to find "Model training" and the run."""
+        `mlflow ui --backend-store-uri <uri>` at its default address. A run's own page, in the UI's
+        model-training view (`?workflowType=machine_learning`: the MLflow 3 UI otherwise opens in the
+        GenAI view it remembers, whatever the experiment's kind)."""
         base = LOCAL_UI
         if self.uri.startswith(("http://", "https://")):  # never a password of the URI in a link
 
             parts = urlsplit(self.uri)
             base = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
-        return f"{base}/#/experiments/{self.experiment_id()}/runs/{run_id}"
+        return f"{base}/#/experiments/{self.experiment_id()}/runs/{run_id}?{UI_VIEW}"
 
     def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
         """Open a run (nested under `parent_run_id` when given) and return its id."""

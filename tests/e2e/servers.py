@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,3 +62,60 @@ def prefect_server(home: Path) -> Iterator[tuple[str, dict[str, str]]]:
         yield url, env
     finally:
         stop(proc)
+
+
+class MlflowServer:
+    """`mlflow server` on 127.0.0.1:port with its own SQLite store (or `store`, an existing one, e.g. a
+    pipeline run's: what a person opens in the UI), stoppable and restartable."""
+
+    def __init__(self, root: Path, store: str | None = None):
+        self.root, self.proc, self.store = root, None, store or f"sqlite:///{root / 'server.db'}"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 180.0) -> None:
+        exe = Path(sys.executable).with_name("mlflow")
+        cmd = [str(exe), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+               "--backend-store-uri", self.store,
+               "--default-artifact-root", str(self.root / "server-artifacts")]
+        log = (self.root / "server.log").open("a")
+        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no job scheduler: starts sooner
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"mlflow server not healthy after {timeout:.0f} s")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)  # the server and its workers
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def chromium_page(browser: str, url: str, tmp_path: Path, shot: Path | None = None) -> str:
+    """The DOM of `url` as headless Chromium renders a server's UI there (Prefect's, MLflow's) (and its screenshot into `shot`)."""
+    # 20 s of the page's virtual time: it only runs while no request is pending, so the SPA's reads all answer
+    base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,1000",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=20000"]
+    dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert dom.stdout.strip(), f"chromium rendered nothing at {url}\n{dom.stderr[-2000:]}"
+    if shot is not None:
+        proc = subprocess.run([*base, f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
+        assert shot.is_file() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
+    return dom.stdout

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.servers import prefect_server, stop, tail
+from tests.e2e.servers import chromium_page, prefect_server, stop, tail
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny.yaml"
@@ -266,19 +266,6 @@ def test_a_two_stage_run_from_the_api_completes_and_its_mlflow_runs_exist(served
     assert {p.name.rsplit("-", 1)[0] for p in (workdir / "stages").iterdir() if p.is_dir()} == {"pretrain", "merge"}
 
 
-def _chromium_page(browser: str, url: str, tmp_path: Path, shot: Path | None = None) -> str:
-    """The DOM of `url` as headless Chromium renders the Prefect UI there (and its screenshot into `shot`)."""
-    # 20 s of the page's virtual time: it only runs while no request is pending, so the SPA's reads all answer
-    base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,1000",
-            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=20000"]
-    dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120)
-    assert dom.stdout.strip(), f"chromium rendered nothing at {url}\n{dom.stderr[-2000:]}"
-    if shot is not None:
-        proc = subprocess.run([*base, f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
-        assert shot.is_file() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
-    return dom.stdout
-
-
 @pytest.mark.slow
 def test_the_pipeline_runs_closing_table_and_mlflow_link_render_in_the_prefect_ui(server, served, two_stage, tmp_path,
                                                                                  tmp_path_factory):
@@ -317,7 +304,7 @@ def test_the_pipeline_runs_closing_table_and_mlflow_link_render_in_the_prefect_u
 
     # the page the Run button opens (the deployment's flow run), its Artifacts tab; the default UI resets ?tab=
     # to Logs while the run loads, the V2 UI keeps it
-    html = _chromium_page(browser, f"{ui}/v2/runs/flow-run/{run.id}?tab=Artifacts", tmp_path,
+    html = chromium_page(browser, f"{ui}/v2/runs/flow-run/{run.id}?tab=Artifacts", tmp_path,
                           tmp_path / "prefect_ui_flow_run_artifacts.png")
     (tmp_path / "flow_run_artifacts.html").write_text(html)
     assert f"<title>Flow Run: {run.name} " in html, "no flow run page in the DOM"
@@ -327,7 +314,7 @@ def test_the_pipeline_runs_closing_table_and_mlflow_link_render_in_the_prefect_u
 
     # the pipeline's closing table's page (the default UI), as the tab's card opens it
     shot = tmp_path / "prefect_ui_closing_table.png"
-    html = _chromium_page(browser, f"{ui}/artifacts/artifact/{table.id}", tmp_path, shot)
+    html = chromium_page(browser, f"{ui}/artifacts/artifact/{table.id}", tmp_path, shot)
     (tmp_path / "closing_table.html").write_text(html)
     assert "<title>Artifact: stagewise-closing-table " in html, "no artifact page in the DOM"
     assert f'href="/runs/flow-run/{owner}"' in html  # it names the pipeline's flow run, a link back to its page
@@ -344,12 +331,15 @@ def test_the_pipeline_runs_closing_table_and_mlflow_link_render_in_the_prefect_u
     for stage, run_id in stage_runs.items():  # each stage's MLflow run id links to its run's page
         if stage in rows:
             page = f"/#/experiments/{experiment.experiment_id}/runs/{run_id}"
-            assert re.search(rf'<a href="[^"]*{re.escape(page)}"[^>]*>{run_id}</a>', html), page
-    assert re.search(rf'<a href="[^"]*{re.escape(mlflow_page)}"[^>]*>the pipeline\'s run</a>', html), mlflow_page
+            assert re.search(rf'<a href="[^"]*{re.escape(page)}\?workflowType=machine_learning"[^>]*>{run_id}</a>',
+                             html), page
+    assert re.search(rf'<a href="[^"]*{re.escape(mlflow_page)}\?workflowType=machine_learning"[^>]*>the pipeline\'s run</a>',
+                     html), mlflow_page
 
     # the MLflow link's own page
-    html = _chromium_page(browser, f"{ui}/artifacts/artifact/{link.id}", tmp_path)
-    assert re.search(rf'<a href="[^"]*{re.escape(mlflow_page)}"[^>]*>MLflow run {parent[0]}</a>', html), mlflow_page
+    html = chromium_page(browser, f"{ui}/artifacts/artifact/{link.id}", tmp_path)
+    assert re.search(rf'<a href="[^"]*{re.escape(mlflow_page)}\?workflowType=machine_learning"[^>]*>MLflow run {parent[0]}</a>',
+                     html), mlflow_page
     for png in (shot, tmp_path / "prefect_ui_flow_run_artifacts.png"):
         kept = tmp_path_factory.getbasetemp() / png.name
         shutil.copyfile(png, kept)

@@ -10,16 +10,15 @@ exactly one point per optimizer step. A small world and 512-token steps keep it 
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+
+from tests.e2e.servers import MlflowServer
 
 pytestmark = pytest.mark.slow
 
@@ -28,49 +27,6 @@ TINY = ROOT / "recipes" / "tiny.yaml"
 STEP_TOKENS = 128 * 4  # seq_length x global_batch
 STEPS = 80
 DOWN_S = 8.0
-
-
-class MlflowServer:
-    """`mlflow server` on 127.0.0.1:port with its own SQLite store, stoppable and restartable."""
-
-    def __init__(self, root: Path):
-        self.root, self.proc = root, None
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.uri = f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 180.0) -> None:
-        exe = Path(sys.executable).with_name("mlflow")
-        cmd = [str(exe), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-               "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
-               "--default-artifact-root", str(self.root / "server-artifacts")]
-        log = (self.root / "server.log").open("a")
-        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no job scheduler: starts sooner
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"mlflow server not healthy after {timeout:.0f} s")
-            time.sleep(0.3)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)  # the server and its workers
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
 
 
 @pytest.fixture

@@ -129,7 +129,7 @@ def test_the_prefect_run_pages_tell_the_story(pipeline_run):
             "stagewise-stage-long-context"} <= set(arts)
     assert str(arts["stagewise-closing-table"].flow_run_id) == summary["prefect_flow_run_id"]
     assert summary["mlflow_run_url"] in arts["stagewise-mlflow-run"].data
-    assert summary["mlflow_run_url"].endswith(f"/runs/{summary['mlflow_run_id']}")
+    assert summary["mlflow_run_url"].endswith(f"/runs/{summary['mlflow_run_id']}?workflowType=machine_learning")
     for stage in summary["stages"]:
         row = arts[f"stagewise-stage-{stage['stage'].replace('_', '-')}"]
         assert str(row.flow_run_id) != summary["prefect_flow_run_id"] and stage["run_id"] in row.data
@@ -165,6 +165,31 @@ def test_the_pipeline_run_keeps_the_closing_table(pipeline_run, tmp_path):
     assert "| stage | metric | before -> after |" in described.tags["mlflow.note.content"]
     assert described.metrics["pretrain/eval/validation/loss"] == pytest.approx(pre["after"])
     assert described.metrics["pretrain/eval/validation/loss_before"] == pytest.approx(pre["before"])
+
+
+@pytest.mark.slow
+def test_the_pipelines_mlflow_run_reads_in_the_mlflow_ui(pipeline_run, tmp_path):
+    """The link `stagewise run` prints, on `mlflow server` over the run's store, in headless Chromium:
+    the model-training view (runs, not the GenAI traces), the closing table as the run's description,
+    each stage's target among its metrics."""
+    from tests.e2e.servers import MlflowServer, chromium_page
+    from tests.eval.test_pipeline_report_browser import _chromium
+
+    _, summary = pipeline_run
+    server = MlflowServer(tmp_path, store=summary["tracking_uri"])
+    server.start()
+    try:
+        url = summary["mlflow_run_url"].replace("http://127.0.0.1:5000", server.uri)
+        html = chromium_page(_chromium(), url, tmp_path, tmp_path / "mlflow_ui_parent_run.png")
+        experiment = chromium_page(_chromium(), url.split("/runs/")[0] + "?workflowType=machine_learning", tmp_path)
+    finally:
+        server.stop()
+    text = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"<style[^>]*>.*?</style>", " ", html, flags=re.S)).split())
+    assert "Description What each stage bought" in text, text[:3000]
+    for row in summary["stages"]:
+        assert f"{row['stage']}/{row['metric']}" in text  # the stage targets, the parent run's metrics
+    shown = " ".join(re.sub(r"<[^>]+>", " ", experiment).split())
+    assert "matching run" in shown and "No data available for the selected time range" not in shown  # runs, not traces
 
 
 @pytest.mark.slow

@@ -116,3 +116,18 @@ def test_carry_over_copies_the_interrupted_runs_history_up_to_the_resume_step(st
     assert [(s, t, v) for s, t, v in history] == [(s, s * 10, 9.0 - s) for s in range(0, 5)]
     assert tracker.client().get_run(resumed).data.tags["stagewise.resumed_from_run"] == crashed
     assert tracker.carry_over(other, "/w/stages/none", until_step=4) is None
+
+
+def test_a_runs_link_opens_the_model_training_view_and_a_finished_runs_seconds(store, monkeypatch):
+    """MLflow 3's UI opens the GenAI view (traces) unless the link asks for the model-training one; a
+    password in a server's URI never reaches a link."""
+    tracker = store[0]
+    run = tracker.start_run("timed", {})
+    time.sleep(0.05)
+    tracker.end_run(run)
+    assert tracker.ui_url(run) == (f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id()}/runs/{run}"
+                                   "?workflowType=machine_learning")
+    assert 0.04 <= tracker.run_seconds(run) < 5
+    monkeypatch.setattr(Tracker, "experiment_id", lambda self: "7")  # no server to ask
+    remote = Tracker(uri="https://me:secret@mlflow.example/", experiment="x")
+    assert remote.ui_url("abc") == "https://mlflow.example/#/experiments/7/runs/abc?workflowType=machine_learning"
