@@ -160,7 +160,7 @@ def test_run_ends_with_the_closing_table(fake_pipeline, tmp_path):
     assert result.exit_code == 0, result.output
     row = next(line for line in result.stdout.splitlines() if line.startswith("pretrain"))
     assert "eval/validation/loss" in row and "8.3 -> 3  (better)" in row and "8,192" in row and "abc123" in row
-    # the parent run's own page (opened bare, MLflow's UI lands in its GenAI view), and how to serve it
+    # the parent run's own page, and how to serve it
     assert f"The pipeline's MLflow run: http://127.0.0.1:5000/#/experiments/1/runs/{'f' * 32}" in result.stdout
     assert "(after `mlflow ui --backend-store-uri sqlite:////w/mlflow.db`)" in result.stdout
 
