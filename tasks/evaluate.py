@@ -16,7 +16,14 @@ from stagewise.eval.gates import check_metrics, decide
 from stagewise.eval.harness import run_checkpoint
 from stagewise.eval.heldout import answer_intervals, answer_metrics, answer_results, heldout_loss, read_conversations
 from stagewise.eval.intervals import Scored
-from stagewise.eval.metric_names import ANSWER_SCORES, SUITE_PREFIX, UNIGRAM_BASELINE, VALIDATION_PREFIX, heldout_prefix
+from stagewise.eval.metric_names import (
+    ANSWER_SCORES,
+    BOUND_ENDS,
+    SUITE_PREFIX,
+    UNIGRAM_BASELINE,
+    VALIDATION_PREFIX,
+    heldout_prefix,
+)
 from stagewise.eval.plots import loss_curves
 from stagewise.eval.splits import split_rows
 from stagewise.eval.validation import val_streams, validation_loss
@@ -136,7 +143,7 @@ def heldout_task(
     named = {f"{prefix}/{k}": v for k, v in metrics.items()}
     items = {f"{prefix}/{name}": {key: r[name] for key, r in results.items()} for name in ANSWER_SCORES} if results else {}
     run_logger().info("held-out conversations (%s) at %d tokens: %s", split, checkpoint.tokens_seen,
-                      ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())))
+                      ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items()) if not k.endswith(BOUND_ENDS)))
     if tracker and run_id:
         tracker.log_metrics(run_id, [(checkpoint.step, checkpoint.tokens_seen, named)])
         if items:
