@@ -178,8 +178,10 @@ def _rates(results: dict[str, dict]) -> Iterator[tuple[str, list[int]]]:
 
 def answer_intervals(results: dict[str, dict]) -> dict[str, float]:
     """Each of answer_metrics' rates' 95% interval (Wilson's: the items are 0 or 1), as
-    `<rate>_low` and `<rate>_high`: what a gate's `bound` reads (eval/gates.py)."""
+    `<rate>_low` and `<rate>_high`: what a gate's `bound` reads (eval/gates.py); {} without results."""
     out: dict[str, float] = {}
+    if not results:
+        return out
     for rate, values in _rates(results):
         out[f"{rate}{BOUND_ENDS[0]}"], out[f"{rate}{BOUND_ENDS[1]}"] = rate_interval(values)
     return out

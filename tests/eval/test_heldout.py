@@ -96,3 +96,11 @@ def test_round_robin_takes_items_in_turn_from_each_domain():
     rows = [Row(domain=d, n=i) for d, i in [("b", 0), ("b", 1), ("b", 2), ("a", 0)]]
     assert [(r.domain, r.n) for r in round_robin(rows, lambda r: r.domain, 3)] == [("a", 0), ("b", 0), ("b", 1)]
     assert round_robin(rows, lambda r: r.domain, None) == rows
+
+
+def test_no_answerable_conversation_has_no_rates_and_no_intervals():
+    """A held-out set of tool conversations only (a team's, Llama 3.1's shape): nothing to answer, so
+    no rate and no bound rather than an interval of no items."""
+    from stagewise.eval.heldout import answer_intervals, answer_metrics
+
+    assert answer_metrics({}) == {} and answer_intervals({}) == {}
