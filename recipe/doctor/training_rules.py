@@ -48,6 +48,9 @@ REF_MOE = "Nemotron 3 Super SFT: one blend across every domain; MoE load balance
 REF_LONG = "Nemotron 3 Nano long-context phase: 512k sequences mixed with 4k (Super: 1M alternating with 4k)"
 REF_NORM = "Nemotron 3 Super SFT: token-level loss in stage 1, per-conversation (sample-level) loss in stage 2"
 REF_FILTER = "Nemotron 3 Nano RL: difficulty filter, prompts profiled and the always-solved dropped (docs/ALGORITHMS.md 6)"
+REF_VLLM_CPU = ("vLLM's CPU build (docs/STACK.md, 'vLLM for real'): its fused-MoE layer supports non-gated "
+                "experts (is_act_and_mul=False) only on CUDA, XPU and ROCm")
+
 REF_MASKED_IS = ("masked importance sampling against the rollout/training mismatch (docs/ALGORITHMS.md 5); "
                  "model/rl_batches.py: π_old of a split rollout batch")
 
@@ -283,3 +286,29 @@ def masked_is_inert(facts: Facts) -> Iterator[Finding]:
                          f"off-policy in {block.rollout.minibatches} minibatches without recompute_old_logprobs: "
                          f"{fix} (in stages.rl or this teacher's rl overrides)", block.rollout.minibatches,
                          REF_MASKED_IS, "distill")
+
+
+def _on_cpu(runtime: Any) -> bool:
+    """Whether the recipe's runtime resolves to the CPU here (auto: no GPU that torch sees)."""
+    if runtime.device != "auto":
+        return runtime.device == "cpu"
+    import torch  # noqa: PLC0415 (`check --help` lists the rules: no torch, 0.1 s not 4 s)
+
+    return not torch.cuda.is_available()
+
+
+def vllm_moe_on_cpu(facts: Facts) -> Iterator[Finding]:
+    """RL or distillation sampling through a vLLM server the stage starts itself (backend vllm, no
+    vllm_url) on a model with expert layers, on the CPU: vLLM's CPU build refuses NemotronH's
+    non-gated relu2 experts, so the server dies at start. Said before any work rather than after the
+    stages before it and a server start; a server at a vllm_url (a GPU's) is the user's to choose."""
+    r = facts.recipe
+    starts_own = [name for name in ("rl", "distill") if facts.runs(name)
+                  and getattr(r.stages, name).backend == "vllm" and not getattr(r.stages, name).vllm_url]
+    if not starts_own or facts.model is None or not facts.model.moe or not _on_cpu(r.runtime):
+        return
+    for name in starts_own:
+        yield advise("error", f"stages.{name}.backend", "backend vllm starts a vLLM server on this CPU, and the "
+                     "model has expert (MoE) layers, which vLLM's CPU build cannot run: use backend hf or "
+                     "hf-process here, give a vllm_url of a GPU server, or a preset without MoE layers", None,
+                     REF_VLLM_CPU, name)
