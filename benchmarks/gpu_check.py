@@ -404,6 +404,7 @@ def _quantize_on(model, calib: list[dict], held: list[dict], device) -> dict[str
     from stagewise.quant.plan import copy_model, effective_bits, quantize_with_plan, search_plan
 
     model = copy_model(model).to(device).eval()
+    ops = operators(model)  # before quantize_with_plan wraps the modules in place (then they count otherwise)
     on = [{k: v.to(device) for k, v in b.items()} for b in calib]
     before = _mean_loss(model, held, device)
     cfg = QuantizeConfig(effective_bits=6.0, calib_batches=len(on), score_batches=len(on))
@@ -415,7 +416,7 @@ def _quantize_on(model, calib: list[dict], held: list[dict], device) -> dict[str
     counts: dict[str, int] = {}
     for fmt in plan.formats.values():
         counts[fmt] = counts.get(fmt, 0) + 1
-    return {"bits": effective_bits(plan, operators(model)), "before": before, "after": after, "delta": after - before,
+    return {"bits": effective_bits(plan, ops), "before": before, "after": after, "delta": after - before,
             "formats": counts, "seconds": seconds}
 
 

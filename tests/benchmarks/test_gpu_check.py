@@ -197,6 +197,7 @@ def test_dry_run_lists_every_part_rehearses_them_and_checks_the_wheelhouse(tmp_p
     for stem in ("pretrain-kernels", "sft", "rl", "quant"):
         assert rows[stem]["status"] == "ok", rows[stem]
     assert rows["pretrain-kernels"]["tokens_per_s"] > 0
+    assert rows["quant"]["effective_bits"] <= 6.0 + 1e-9  # the budget it searched under, over the searched weights
     assert "the GPU image and the wheelhouse cover the" in proc.stdout
     imported = {}
     for path in (tmp_path / "check").glob("*.imports.json"):
