@@ -214,17 +214,21 @@ class Trainer:
 
     # ------------------------------------------------------------ the loop
 
-    def fit(self, until_tokens: int | None = None) -> FitResult:
+    def fit(self, until_tokens: int | None = None, past_budget: bool = False) -> FitResult:
         """Train until `until_tokens` (rounded up to whole steps) or the stage's budget
-        (`cfg.tokens`, rounded down), save a checkpoint, and return where it stopped."""
+        (`cfg.tokens`, rounded down), save a checkpoint, and return where it stopped.
+
+        `past_budget`: `until_tokens` may lie beyond the budget (a person extended it at the gate); the
+        learning rate goes on as the schedule has it after its end (a decayed schedule stays at min)."""
         c = self.cfg
-        target = c.tokens if until_tokens is None else min(until_tokens, c.tokens)
+        target = c.tokens if until_tokens is None else until_tokens if past_budget else min(until_tokens, c.tokens)
+        last_step = max(c.total_steps, -(-target // c.tokens_per_step)) if past_budget else c.total_steps
         compute_dtype = self.amp_dtype or self.params[0].dtype
         self._peak = peak_flops(self.device, compute_dtype)
         metrics: dict[str, float] = {}
         stop = "budget"
-        with TrainProgress(self.progress, c.total_steps, self.step, self.stage) as bar:
-            while self.step < c.total_steps and self.tokens_seen < target:
+        with TrainProgress(self.progress, last_step, self.step, self.stage) as bar:
+            while self.step < last_step and self.tokens_seen < target:
                 started = time.perf_counter()
                 try:
                     batch = self.batches.next_batch()
@@ -242,7 +246,7 @@ class Trainer:
                            metrics["train/tokens_per_s"])
                 if self._checkpoint_due():
                     self.save()
-        if stop != "data_exhausted" and self.step < c.total_steps:
+        if stop != "data_exhausted" and self.step < last_step:
             stop = "until_tokens"
         self.flush()
         if self._saved_step != self.step:

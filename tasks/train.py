@@ -27,8 +27,10 @@ def train_task(
     resume_from: str | None = None,
     tracker: Tracker | None = None,
     run_id: str | None = None,
+    past_budget: bool = False,
 ) -> CheckpointRef:
-    """Train `spec.stage` from `resume_from` (or its start) until `until_tokens`; save; return the checkpoint."""
+    """Train `spec.stage` from `resume_from` (or its start) until `until_tokens` (with `past_budget`,
+    beyond the stage's budget: a gate's reviewer extended it); save; return the checkpoint."""
     logger = get_run_logger()
     log = (lambda records: tracker.log_metrics(run_id, records)) if tracker and run_id else None
     trainer, batches = build_trainer(spec, log=log, on_warning=logger.warning)
@@ -36,7 +38,7 @@ def train_task(
         if resume_from:
             trainer.resume(Path(resume_from))
         logger.info("%s %s: training to %d tokens", spec.stage, label, until_tokens)
-        result = trainer.fit(until_tokens)
+        result = trainer.fit(until_tokens, past_budget)
     if tracker and run_id and hasattr(batches, "realized"):
         realized = {}
         for key, value in batches.realized().items():  # per phase per source, or per source

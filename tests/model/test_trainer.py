@@ -279,3 +279,19 @@ def test_data_exhausted_from_the_real_loader_ends_the_fit(tmp_path, tiny_model, 
     result = make_trainer(tiny_model, train_cfg(steps=100), batches, tmp_path).fit()
     assert result.stop_reason == "data_exhausted" and 0 < result.step < 100
     assert ck.read_meta(result.checkpoint).step == result.step
+
+
+def test_past_budget_trains_beyond_it_at_the_schedules_end_value(tmp_path, tiny_model, batches_factory):
+    """A person extending a gate's budget: fit goes past `tokens` only when asked, the LR as the schedule
+    has it after its end (a cosine schedule stays at min_lr), and a resume carries on from there."""
+    cfg = train_cfg(steps=4, schedule={"kind": "cosine"})
+    capped = make_trainer(copy.deepcopy(tiny_model), cfg, batches_factory(GLOBAL, SEQ), tmp_path / "capped").fit(7 * TPS)
+    assert (capped.step, capped.stop_reason) == (4, "budget")
+    logs = []
+    trainer = make_trainer(tiny_model, cfg, batches_factory(GLOBAL, SEQ), tmp_path / "past", logs)
+    first = trainer.fit()
+    extended = trainer.fit(7 * TPS, past_budget=True)
+    assert (first.step, extended.step, extended.tokens_seen) == (4, 7, 7 * TPS)
+    lrs = [m["train/lr"] for _, _, m in logs]
+    assert len(lrs) == 7 and lrs[4:] == [cfg.optimizer.min_lr] * 3 and lrs[0] == cfg.optimizer.lr
+    assert ck.latest_checkpoint(tmp_path / "past") == tmp_path / "past" / "step-00000007"
