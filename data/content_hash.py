@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 HASH_CHARS = 16
-OUTPUT_KEYS = frozenset({"out_dir", "workdir", "tracker", "run_id", "parent_run_id"})
-"""Keys that say where results go, not what they are: dropped from a spec before hashing."""
+OUTPUT_KEYS = frozenset({"out_dir", "workdir", "tracker", "run_id", "parent_run_id", "review", "review_timeout_s"})
+"""Keys that say where results go, or who decides (a gate's `review`: a person's answer is recorded with
+the step, not planned in it), not what they are: dropped from a spec before hashing."""
 
 
 def canonical(spec: Any) -> Any:

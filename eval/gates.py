@@ -21,6 +21,8 @@ A rule in YAML:
       min_tokens: 1000000                # never stop before this
       patience: 4                        # stop after 4 evaluations without a new best
       on_budget_exhausted: continue      # or fail
+      review: undecided                  # or always: a person decides in Prefect (default never)
+      review_timeout_s: 3600             # then the gate's own decision stands
 
 Semantics (the contract the tests pin down):
 - A condition compares the metric's latest value with `value`; with `relative: true` the
@@ -178,6 +180,18 @@ class GateConfig(GateRule):
     """When the stage's tokens run out and the rule never held: hand on the last checkpoint, or fail."""
     eval_limit: int | None = Field(40, gt=0)
     """Items per task at each evaluation (None: all); bounds the cost of evaluating often."""
+    review: Literal["never", "undecided", "always"] = "never"
+    """Whether a person decides instead of the gate alone (flows/gate_review.py): `undecided` when the
+    budget ran out and the rule never held, `always` at every stop or fail the gate proposes. The flow
+    run pauses in Prefect with the gate's evidence and a form: approve, stop, or extend the budget."""
+    review_timeout_s: float = Field(3600.0, gt=0)
+    """How long a paused gate waits for a person; then the gate's own decision stands ("timeout")."""
+
+    def asks_person(self, decision: dict) -> bool:
+        """Whether this decision (GateDecision.to_dict) waits for a person before it takes effect."""
+        if self.review == "always":
+            return decision["action"] in ("stop", "fail")
+        return self.review == "undecided" and bool(decision.get("undecided"))
 
 
 class UnknownMetricError(ValueError):
@@ -195,6 +209,9 @@ class GateDecision:
     tokens_seen: int
     held: bool = False
     """True when the stage stops because the rule held (not on plateau or budget)."""
+    undecided: bool = False
+    """True when the budget ran out and the rule never held: the evidence decided nothing (what
+    `review: undecided` hands to a person)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -327,8 +344,8 @@ def decide(gate: GateRule, histories: Histories, *, tokens_seen: int, budget_exh
     ev["min_tokens"]["tokens_seen"] = tokens_seen
     ev["budget_exhausted"] = budget_exhausted
 
-    def out(action: str, reason: str, held: bool = False) -> GateDecision:
-        return GateDecision(action, reason, ev, step, tokens_seen, held)  # type: ignore[arg-type]
+    def out(action: str, reason: str, held: bool = False, undecided: bool = False) -> GateDecision:
+        return GateDecision(action, reason, ev, step, tokens_seen, held, undecided)  # type: ignore[arg-type]
 
     failed = [g for g in ev["guards"] if g["violated"] and g["on_violation"] == "fail"]
     if failed:
@@ -351,8 +368,10 @@ def decide(gate: GateRule, histories: Histories, *, tokens_seen: int, budget_exh
         open_text = "no plateau yet"
     if budget_exhausted:
         if getattr(gate, "on_budget_exhausted", "continue") == "fail":
-            return out("fail", f"budget exhausted at {tokens_seen} tokens and the rule never held: {open_text}")
-        return out("stop", f"budget exhausted at {tokens_seen} tokens, rule not held ({open_text}); handing on the last checkpoint")
+            return out("fail", f"budget exhausted at {tokens_seen} tokens and the rule never held: {open_text}",
+                       undecided=True)
+        return out("stop", f"budget exhausted at {tokens_seen} tokens, rule not held ({open_text}); handing on the last checkpoint",
+                   undecided=True)
     if not steps:
         return out("continue", "no evaluations yet")
     return out("continue", f"not yet: {open_text}")

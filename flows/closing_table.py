@@ -8,7 +8,8 @@ the one-page report `reports/pipeline_report.{png,html}` (also under `<workdir>/
 rows as a chart, pretraining and long-context loss on one token axis (registry entries with
 `lm_curve`), each stage's training signal on its own axes (registry entries' `signals`: SFT's
 loss per sub-stage, RL's reward and masked-IS fraction, distillation's reverse KL per round),
-the gate decisions. A stage adds its row by returning a StageResult with a summary.
+the gate decisions (and, where a person reviewed a gate, their answer: `review`, flows/gate_review.py).
+A stage adds its row by returning a StageResult with a summary.
 
 Histories are read here, through the Tracker, from the run that trained each stage (a reused
 stage's `trained_in_run`: its own run re-logs only its final metrics), and handed to
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Callable
 from stagewise.eval.intervals import describe_change
 from stagewise.eval.pipeline_report import SignalPanel, pipeline_report
 from stagewise.eval.plots import stage_summary_plot
+from stagewise.flows.gate_review import review_text
 from stagewise.flows.registry import REGISTRY
 from stagewise.refs import StageResult
 from stagewise.store.tracking import Tracker
@@ -44,6 +46,7 @@ def closing_rows(results: list[StageResult]) -> list[dict]:
                      "after": s.after if s else None, "higher_is_better": s.higher_is_better if s else None,
                      "tokens": s.tokens if s else 0, "seconds": s.seconds if s else None, "run_id": r.run_id,
                      "reused": r.reused, "note": s.note if s else None,
+                     "review": (r.gate or {}).get("review"),
                      **{k: getattr(s, k) if s else None for k in EVIDENCE}})
     return rows
 
@@ -66,6 +69,8 @@ def _cells(r: dict) -> list[str]:
         change += f"  ({verdict})"
     if r.get("note"):
         change += f"  [{r['note']}]"
+    if r.get("review") and "reviewed:" not in (r.get("note") or ""):
+        change += f"  [gate {review_text(r['review'])}]"
     seconds = "-" if r["seconds"] is None else f"{r['seconds']:.0f} s"
     return [r["stage"] + (" (reused)" if r.get("reused") else ""), r["metric"] or "-", change,
             f"{r['tokens']:,}", seconds, r["run_id"]]

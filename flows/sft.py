@@ -60,6 +60,7 @@ from stagewise.eval.metric_names import BOUND_ENDS
 from stagewise.eval.plots import before_after_plot
 from stagewise.eval.score_memo import ScoreMemo
 from stagewise.eval.splits import SPLITS
+from stagewise.flows.gate_review import review_text
 from stagewise.flows.stage import (
     Signal,
     Stage,
@@ -229,7 +230,7 @@ def train_substage(ctx: StageContext, sub: SFTSubStage, index: int, packed: Pack
         total = train_cfg.total_steps * train_cfg.tokens_per_step
         try:
             ckpt, decision = run_stretches(spec, [(sub.name, total)], total, resume_point(out_dir, ctx.resume),
-                                           evaluate, tracker, run_id, gate)
+                                           evaluate, tracker, run_id, gate, name=f"{STAGE}/{sub.name}")
         except GateFailed as e:
             raise GateFailed(f"{STAGE}/{sub.name}", e.decision) from None
         if decision is not None:
@@ -338,8 +339,10 @@ def gate_note(substage: str, decision: dict, budget: int) -> str:
     of 983,040 tokens (rule held)`."""
     reason = decision.get("reason", "")
     why = ("rule held" if decision.get("held") else "plateau" if reason.startswith("plateau")
-           else "budget exhausted, rule not held" if reason.startswith("budget") else reason[:60])
-    return f"{substage} gate: {decision['action']} at {decision['tokens_seen']:,} of {budget:,} tokens ({why})"
+           else "budget exhausted, rule not held" if decision.get("undecided") or reason.startswith("budget")
+           else reason[:60])
+    reviewed = f"; {review_text(decision['review'])}" if decision.get("review") else ""
+    return f"{substage} gate: {decision['action']} at {decision['tokens_seen']:,} of {budget:,} tokens ({why}{reviewed})"
 
 
 def _refuse_without_switch(start: str, block: SFTInputs) -> None:

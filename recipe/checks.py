@@ -51,6 +51,7 @@ def cross_problems(r: Recipe) -> list[tuple[str, str, str]]:
     out += _quantize_problems(r) if r.stages.quantize else []
     out += _eval_problems(r)
     out += _gate_split_problems(r)
+    out += _gate_review_problems(r)
     out += _workdir_problems(r.workdir)
     return out + _preset_problems(r.model)
 
@@ -73,6 +74,20 @@ def _gate_split_problems(r: Recipe) -> list[tuple[str, str, str]]:
                 dev = name.replace("/test/", "/dev/").replace("_test/", "_dev/")
                 out.append((at, f"reads {name!r}, a test-split metric: gates decide on dev ({dev!r}); "
                                 "test is reported, never tuned on", at))
+    return out
+
+
+def _gate_review_problems(r: Recipe) -> list[tuple[str, str, str]]:
+    """A person reviews a gate by pausing the stage's flow between stretches of our engine; a launched
+    engine (Megatron-Bridge, NeMo RL) trains its whole budget in one job, with nothing to pause or extend."""
+    out = []
+    for at, gate in _gates(r):
+        stage = r.stages.sft if at.startswith("stages.sft.") else getattr(r.stages, at.split(".")[1])
+        engine = getattr(stage, "engine", "torch")
+        if gate.review != "never" and engine != "torch":
+            out.append((f"{at}.review", f"review: {gate.review} needs our engine (engine: torch); a stage on "
+                                        f"{engine} trains its budget in one launch, with no stretch to pause or extend",
+                        f"{at}.review"))
     return out
 
 

@@ -44,7 +44,7 @@ def test_rows_have_every_column_and_empty_cells_for_a_stage_without_summary():
     assert rows[0] == {"stage": "pretrain", "metric": "eval/validation/loss", "before": 8.3, "after": 2.99,
                             "higher_is_better": False, "tokens": 1_474_560, "seconds": 410.2, "run_id": "r1",
                             "reused": True, "note": None, "gain_low": None, "gain_high": None, "items": None,
-                            "tolerance": None, "verdict": None}
+                            "tolerance": None, "verdict": None, "review": None}
     assert rows[3]["metric"] is None and rows[3]["tokens"] == 0
 
 

@@ -217,3 +217,12 @@ def test_where_our_engine_runs_is_no_part_of_its_steps():
     assert where_free(there.sft) == here.sft
     mega = load_recipe(TINY, ["stages.pretrain.engine=megatron", f"stages.pretrain.launch={VENV}"]).recipe.stages
     assert where_free(mega.pretrain).launch is not None
+
+
+def test_a_gate_a_person_reviews_needs_our_engine():
+    """A review pauses the stage between stretches and may extend it: a launched engine has neither."""
+    text = problems(*MEGATRON_SFT, "stages.sft.stages[0].gate.review=undecided")
+    assert ("stages.sft.stages[0].gate.review: review: undecided needs our engine (engine: torch); a stage on "
+            "megatron trains its budget in one launch") in text
+    r = load_recipe(TINY, ["stages.sft.stages[0].gate.review=always", "stages.sft.stages[0].gate.review_timeout_s=60"])
+    assert r.recipe.stages.sft.stages[0].gate.review == "always"
