@@ -35,7 +35,8 @@ def rules() -> list[Rule]:
     """Every rule, in the order findings are reported (pipeline order, roughly)."""
     t, o = training_rules, output_rules
     return [t.warmup, t.finetune_lr, t.epochs, t.moe_narrow_blend, t.long_context_mix, t.sft_normalization,
-            t.rl_filter, t.masked_is_inert, t.vllm_moe_on_cpu, o.quantize_sensitive, o.gate_metric]
+            t.rl_filter, t.masked_is_inert, t.vllm_moe_on_cpu, o.quantize_sensitive, o.gate_metric,
+            o.gate_review_unreachable]
 
 
 def diagnose(loaded: LoadedRecipe, stages: Sequence[str] | None = None) -> list[Finding]:

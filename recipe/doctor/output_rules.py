@@ -6,6 +6,7 @@ what `stagewise check --help` prints, the rest says why and where the advice com
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 REF_QUANT = ("Nemotron 3 Super and Ultra tech reports, quantization: embeddings, the output layer and attention "
              "Q/K/V stay BF16")
+REF_REVIEW = ("flows/gate_review.py: a reviewed gate pauses its flow run until someone answers in the Prefect UI, "
+              "which a temporary API server does not serve (ours)")
 REF_GATE = "eval/gates.py: a gate naming a metric that is never logged fails at its first evaluation (ours)"
 SENSITIVE = {"lm_head": "the output layer (lm_head)", "attn_qkv": "attention Q/K/V"}
 """Operator kinds (quant/operators.py) both reports keep in BF16. The embeddings are no operator:
@@ -101,3 +104,17 @@ def gate_metric(facts: Facts) -> Iterator[Finding]:
             if name not in known:
                 hint = did_you_mean(name, known) or f"; logged at its marks: {', '.join(sorted(known)[:8])} ..."
                 yield advise("error", field, f"no evaluation of {stage} logs {name!r}{hint}", name, REF_GATE, stage)
+
+
+def gate_review_unreachable(facts: Facts) -> Iterator[Finding]:
+    """A gate a person reviews, with no Prefect server to review it on: without PREFECT_API_URL the run's
+    flows report to a temporary API server in its own process, which serves no UI, so nobody can answer
+    the form and the stage waits out its whole `review_timeout_s` before the gate's own decision stands."""
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    for stage, at, gate in _gated(facts):
+        if gate.review != "never":
+            yield advise("warning", f"{at}.review", f"review: {gate.review} waits up to {gate.review_timeout_s:.0f} s "
+                         "for a person in the Prefect UI, and PREFECT_API_URL is not set: this run's temporary API "
+                         "server serves no UI. Start `prefect server start` and set PREFECT_API_URL to its /api",
+                         gate.review_timeout_s, REF_REVIEW, stage)
