@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -119,3 +120,50 @@ def chromium_page(browser: str, url: str, tmp_path: Path, shot: Path | None = No
         proc = subprocess.run([*base, f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
         assert shot.is_file() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
     return dom.stdout
+
+
+def paused_run(api: str, proc: subprocess.Popen, after_key: str | None = None, timeout: float = 600) -> dict:
+    """The flow run paused on the Prefect server at `api` (a pause other than `after_key`, the pause key of
+    one already answered), while `proc`, the process that runs it, lives."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": ["PAUSED"]}}}}).json()
+        runs = [r for r in runs if r["state"]["state_details"].get("pause_key") != after_key]
+        if runs:
+            return runs[0]
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) without pausing"
+        time.sleep(1)
+    raise AssertionError(f"no flow run paused in {timeout:.0f} s")
+
+
+def answer_in_prefect_ui(api: str, run_id: str, form: dict[str, str], shot: Path | None = None) -> None:
+    """Open the paused flow run's page in headless Chromium (Playwright driving Debian's chromium), press
+    Resume, fill the form a person sees (`form`: a select's option by its text, a text field by its
+    label) and submit it; `shot`: a screenshot of the filled form."""
+    from playwright.sync_api import expect, sync_playwright
+
+    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium", args=args)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(f"{api.removesuffix('/api')}/runs/flow-run/{run_id}")
+            page.get_by_role("button", name="Resume").first.click()
+            dialog = page.locator(".p-modal__card")
+            expect(dialog.get_by_text("asks a person")).to_be_visible(timeout=30_000)
+            for label, value in form.items():
+                field = dialog.locator(".schema-form-property").filter(has_text=label).first
+                select = field.locator(".p-select-button__control")
+                if select.count():
+                    select.focus()
+                    page.keyboard.press("ArrowDown")  # opens the options (a click only focuses it headless)
+                    page.locator(".p-select-option", has_text=value).first.click()
+                else:
+                    field.locator("textarea, input").first.fill(value)
+            if shot is not None:
+                page.screenshot(path=str(shot))
+            dialog.get_by_role("button", name="Submit").click()
+            expect(dialog).to_be_hidden(timeout=30_000)
+        finally:
+            browser.close()

@@ -22,9 +22,9 @@ HOLDS_EARLY = [{"metric": "eval/sft_dev/loss", "op": "<", "value": -0.4, "relati
 NEVER_HOLDS = [{"metric": "eval/sft_dev/exact_match", "op": ">=", "value": 0.99}]
 
 
-def gated_recipe(path: Path, tiny: Path, tokens: int, rule: list[dict], on_exhausted: str) -> Path:
+def gated_recipe(path: Path, tiny: Path, tokens: int, rule: list[dict], on_exhausted: str, **more) -> Path:
     gate = {"suite": "chat", "eval_limit": 8, "eval_every_tokens": EVERY, "all": rule,
-            "on_budget_exhausted": on_exhausted}
+            "on_budget_exhausted": on_exhausted, **more}
     path.write_text(textwrap.dedent(f"""\
         base: {tiny}
         eval:
