@@ -21,6 +21,7 @@ dropped and lengths capped before it is recorded (MLflow tags on the stage's run
 
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import datetime, timezone
 from typing import Literal
@@ -103,7 +104,7 @@ def ask_person(stage: str, decision: dict, *, run_url: str, budget: int, timeout
     page = f"{ui.rstrip('/')}/runs/flow-run/{context.flow_run.id}" if ui else "this flow run's page in the Prefect UI"
     logger.warning("%s: the gate proposes %s and waits up to %.0f s for a person: Resume %s to approve, stop "
                    "or extend", stage, decision["action"], timeout_s, page)
-    key = f"gate-{int(decision.get('tokens_seen') or 0)}"
+    key = pause_key(stage, int(decision.get("tokens_seen") or 0))
     try:
         answer = pause_flow_run(wait_for_input=form, timeout=int(timeout_s), poll_interval=poll_s, key=key)
     except FlowPauseTimeout:
@@ -116,6 +117,14 @@ def ask_person(stage: str, decision: dict, *, run_url: str, budget: int, timeout
     review |= {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "proposed": decision["action"]}
     logger.info("%s: gate review: %s by %s", stage, review["decision"], review["by"])
     return review
+
+
+def pause_key(stage: str, tokens: int) -> str:
+    """The pause's key, unique within a flow run: Prefect answers a pause whose key already fired in the
+    run with that pause's input (SFT's sub-stages share one flow run and may end at the same token
+    count), and keys allow letters, digits and dashes only: a slug of the stage, a hash of its name."""
+    slug = re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-")[:40]
+    return f"gate-{slug}-{hashlib.sha256(stage.encode()).hexdigest()[:8]}-{tokens}"
 
 
 def _back_to_running(flow_run_id, stage: str) -> None:

@@ -5,9 +5,11 @@ The pause itself, against a real `prefect server`, is tested in tests/flows/test
 
 from __future__ import annotations
 
+import re
+
 from stagewise.eval.gates import GateConfig, decide
 from stagewise.flows.closing_table import closing_rows, render
-from stagewise.flows.gate_review import applied, clean, evidence_markdown, review_tags, review_text
+from stagewise.flows.gate_review import applied, clean, evidence_markdown, pause_key, review_tags, review_text
 from stagewise.refs import StageResult, StageSummary
 
 NEVER = {"all": [{"metric": "eval/x/exact_match", "op": ">=", "value": 0.9}], "eval_every_tokens": 100}
@@ -94,3 +96,12 @@ def test_a_review_is_tagged_on_the_run_and_shown_in_the_closing_table():
     assert "[gate reviewed: approve by Ada at 2026-12-06T23:41:00+00:00, extended 8,192 tokens]" in render(rows)
     noted = result.model_copy(update={"summary": result.summary.model_copy(update={"note": review_text(r)})})
     assert render(closing_rows([noted])).count("reviewed:") == 1  # SFT's note already says it: not twice
+
+
+def test_each_gate_pauses_under_its_own_key():
+    """Prefect hands a pause whose key already fired in the flow run that pause's answer: SFT's sub-stages
+    share a flow run and may stop at the same token count, so the key names the stage too."""
+    keys = {pause_key(s, 983_040) for s in ("sft/stage1", "sft/stage2", "sft/stage_1", "sft/stage-1")}
+    assert len(keys) == 4 and pause_key("sft/stage1", 983_040) != pause_key("sft/stage1", 991_232)
+    assert all(re.fullmatch(r"[a-z0-9-]+", k) for k in keys)  # what Prefect accepts in an input key
+    assert pause_key("sft/Étape 1", 5).startswith("gate-sft-tape-1-")
