@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as e:  # the recipe or a --set refused before anything ran
         say(str(e))
         return 2
-    except RunFailed as e:
+    except (RunFailed, ValueError) as e:  # a run failed, or its RL row has no interval to report
         say(str(e))
         return 1
     result = aggregate(rows, str(base))
