@@ -1,8 +1,8 @@
-"""`stagewise data prepare|curate|pack|profile`: turn raw text and conversations into training data.
+"""`stagewise data prepare|build|curate|pack|profile`: turn raw text and conversations into training data.
 
 The data group has its own Typer app (`data_app`, mounted as `data` by stagewise.cli) because its
-four commands share a purpose distinct from training: build a recipe's tokenizer and token
-shards, curate SFT conversations (filters, dedup, rejects with reasons), render and pack
+commands share a purpose distinct from training: build a recipe's tokenizer and token
+shards, write its sources as Megatron indexed shards past one process (`build`), curate SFT conversations (filters, dedup, rejects with reasons), render and pack
 curated conversations to measure packing efficiency, and profile a source or a whole recipe
 for skew (lengths, turns, reasoning, tools, rejects, repetition, duplicates) before training on
 it. The data libraries are imported inside each command.
@@ -20,7 +20,8 @@ from stagewise.cli.options import DebugOpt, JsonOpt, RecipeArg, SetOpt, load
 from stagewise.cli.output import emit, guarded
 from stagewise.recipe.errors import BadInput
 
-data_app = typer.Typer(help="Data commands: prepare a recipe's tokenizer and token shards; curate and pack SFT conversations; "
+data_app = typer.Typer(help="Data commands: prepare a recipe's tokenizer and token shards; build Megatron indexed shards "
+                                 "in process or on Ray; curate and pack SFT conversations; "
                                  "profile sources for skew.", no_args_is_help=True)
 
 @data_app.command("prepare")
@@ -50,6 +51,59 @@ def data_prepare(
             typer.echo(f"  {name:<14} {s.train_tokens:>12,} train tokens {s.val_tokens:>10,} val {s.docs:>8,} docs")
 
     emit(prepared, as_json, text)
+
+
+@data_app.command("build")
+@guarded
+def data_build(
+    recipe: Path = RecipeArg,
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: <workdir>/corpus). A rerun into it "
+                                       "redoes only unfinished work units; another corpus's plan there is refused."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="HF tokenizer directory (default: the recipe's "
+                                             "tokenizer.path, else the tokenizer `data prepare` built for it)."),
+    overrides: list[str] = SetOpt,
+    as_json: bool = JsonOpt,
+    debug: bool = DebugOpt,
+) -> None:
+    """Write a recipe's sources as Megatron indexed shards: plan -> filter -> dedup -> tokenize, per work unit.
+
+    The sources are cut into work units (data.build.shard_mb of input each) by a plan fixed first, so
+    the output never depends on the executor: data.build.executor=in_process runs here, ray runs Ray
+    tasks on a local cluster started for the build (or the one at data.build.ray.address), and both
+    write byte-identical shards and corpus.json. Each unit is written atomically; after a crash the
+    same command redoes only the units that had not finished. Megatron-Bridge reads the prefixes in
+    corpus.json as they are (no conversion).
+
+    \b
+    Examples:
+      stagewise data build recipes/tiny.yaml
+      stagewise data build recipes/tiny.yaml --set data.build.executor=ray --set data.build.ray.workers=2
+      stagewise data build my.yaml --set data.build.ray.address=10.0.0.5:6379 --out /shared/corpus --json
+    """
+    loaded = load(recipe, overrides)
+    r = loaded.recipe
+    from stagewise.data.corpus.build import build_corpus
+    from stagewise.data.prepare import ensure_world
+    from stagewise.data.tokenizer import existing_tokenizer_dir
+
+    tok_dir = tokenizer or (existing_tokenizer_dir(r.tokenizer, loaded.base_dir) if r.tokenizer.path is not None
+                            else _prepared_tokenizer(recipe, loaded))
+    if not Path(tok_dir).is_dir():
+        raise BadInput(f"--tokenizer {tok_dir}: not a directory")
+    world = ensure_world(r.data.world, r.seed, Path(r.workdir)) if r.data.world is not None else None
+    result = build_corpus(r.data.sources, loaded.base_dir, world, Path(tok_dir), r.data.build,
+                          r.data.validation_fraction, r.seed, out or Path(r.workdir) / "corpus", progress=not as_json)
+
+    def text() -> None:
+        rep = result.report
+        typer.echo(f"built {result.out} ({rep['executor']}, {rep['units']} work units, {rep['units_written_now']} "
+                   f"written now; {rep['tokens_per_s']:,.0f} tokens/s)")
+        for name, s in result.manifest["sources"].items():
+            rejected = ", ".join(f"{k} {v}" for k, v in s["rejected"].items()) or "none"
+            typer.echo(f"  {name:<14} {s['train_tokens']:>12,} train tokens {s['val_tokens']:>10,} val "
+                       f"{s['kept']:>8,} of {s['docs']:,} docs kept; {s['duplicates']:,} duplicates; rejected: {rejected}")
+
+    emit(result, as_json, text)
 
 
 def _curate_config(path: Optional[Path]):

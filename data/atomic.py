@@ -1,4 +1,4 @@
-"""Atomic directory writes: build in a temporary sibling, then rename into place.
+"""Atomic writes: a directory built in a temporary sibling, or a file under a temporary name, then renamed.
 
 A crash (or a concurrent writer) must never leave a half-written directory under its final
 name, because a final name means "complete" to everyone who reads it (prepare reuses
@@ -38,3 +38,15 @@ def building(final: Path, overwrite: bool = False) -> Iterator[Path]:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write a file under a temporary name, fsync, rename into place: a reader sees all of it or nothing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
+from stagewise.data.corpus.config import CorpusBuildConfig
 from stagewise.data.reasoning_switch import SwitchSetting
 
 WORLD_PREFIX = "@world/"
@@ -62,7 +63,8 @@ class SourceConfig(StrictConfig):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     """Name used by blends, logs and metrics."""
     path: str
-    """File or directory to read; `@world/<name>.jsonl` for the demo world. A directory: txt files,
+    """File, directory or glob (`web/part-*.jsonl`, `crawl/**/*.parquet`: the matches in sorted order, each read
+    as `format` or as its suffix says) to read; `@world/<name>.jsonl` for the demo world. A directory: txt files,
     or row files as teams keep them: a Hugging Face Hub shard folder (`data/train-00000-of-00002.parquet`,
     `train.jsonl`, `test/...`) or a `datasets` save_to_disk directory (data/row_files.py)."""
     format: Literal["jsonl", "parquet", "arrow", "txt"] | None = None
@@ -100,6 +102,10 @@ class DataConfig(StrictConfig):
     """Generate the demo world under the workdir (needed by `@world/` paths)."""
     validation_fraction: float = Field(0.02, ge=0, lt=0.5)
     """Fraction of each source's documents held out (by document hash) for validation loss."""
+    build: CorpusBuildConfig = Field(default_factory=CorpusBuildConfig)
+    """How `stagewise data build` writes the sources as Megatron indexed shards past one process (shard plan,
+    in-process or Ray executor, filters, corpus-wide dedup). `data prepare` and the stages' own preparation
+    do not read it: they tokenize in this process."""
 
     @model_validator(mode="after")
     def _unique(self) -> "DataConfig":

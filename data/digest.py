@@ -18,7 +18,7 @@ import tokenizers
 
 from stagewise.data.config import DataConfig, SourceConfig, TokenizerConfig
 from stagewise.data.row_files import row_files
-from stagewise.data.sources import resolve_path, source_files
+from stagewise.data.sources import source_files, source_root
 from stagewise.data.tokenizer import existing_tokenizer_dir
 from stagewise.data.world import WORLD_VERSION
 
@@ -50,7 +50,7 @@ def rows_digest(path: Path, split: str | None = None) -> str:
 
 
 def source_inputs(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> dict:
-    root = resolve_path(src.path, base_dir, world_dir)
+    root = source_root(src, base_dir, world_dir)
     return {"config": src.model_dump(include=SOURCE_FIELDS),
             "files": files_digest(source_files(src, base_dir, world_dir), root)}
 

@@ -60,16 +60,57 @@ def resolve_path(path: str, base_dir: str | Path, world_dir: str | Path | None) 
     return p if p.is_absolute() else Path(base_dir) / p
 
 
+GLOB_CHARS = frozenset("*?[")
+
+
+def is_glob(path: str) -> bool:
+    """A source path with glob characters (`shards/part-*.jsonl`, `web/**/*.parquet`)."""
+    return any(c in GLOB_CHARS for c in path)
+
+
+def source_root(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> Path:
+    """The directory (or file) a source's files are named relative to: for a glob, the folder above its
+    first glob component."""
+    root = resolve_path(src.path, base_dir, world_dir)
+    if not is_glob(src.path):
+        return root
+    parts = root.parts
+    first = next(i for i, part in enumerate(parts) if is_glob(part))
+    return Path(*parts[:first])
+
+
+def _glob_files(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> list[RowFile]:
+    """The files a glob matches, in sorted relative-path order, each read as the source's format or its
+    suffix's (.jsonl, .parquet, .arrow; txt files need `format: txt`); hidden names are skipped as in a directory."""
+    root = source_root(src, base_dir, world_dir)
+    pattern = resolve_path(src.path, base_dir, world_dir).relative_to(root).as_posix()
+    found = []
+    for p in sorted(root.glob(pattern), key=lambda p: p.relative_to(root).as_posix()):
+        if not p.is_file() or any(part.startswith(".") for part in p.relative_to(root).parts):
+            continue
+        fmt = src.format or FORMATS.get(p.suffix)
+        if fmt is None:
+            raise SourceError(f"source {src.name!r}: {p}: cannot tell its format from the suffix; set `format`")
+        found.append(RowFile(p, fmt))
+    if not found:
+        raise SourceError(f"source {src.name!r}: no files match {src.path} (under {root})")
+    return found
+
+
 def source_files(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> list[Path]:
     """The files of a source, in reading order (what its digest covers)."""
+    if is_glob(src.path):
+        return [f.path for f in _glob_files(src, base_dir, world_dir)]
     if src.format == "txt":
         return _txt_files(src, resolve_path(src.path, base_dir, world_dir))
-    return [f.path for f in _row_files(src, base_dir, world_dir)]
+    return [f.path for f in source_row_files(src, base_dir, world_dir)]
 
 
-def _row_files(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> list[RowFile]:
+def source_row_files(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> list[RowFile]:
     """A row source's files (data/row_files.py: a file, or a directory's split in the Hugging Face
     Hub layout or saved by `datasets`); a file read as the source's `format` when it names one."""
+    if is_glob(src.path):
+        return _glob_files(src, base_dir, world_dir)
     root = resolve_path(src.path, base_dir, world_dir)
     if root.is_file() and src.format is not None and src.split is None:
         return [RowFile(root, src.format)]
@@ -101,11 +142,11 @@ def iter_texts(src: SourceConfig, base_dir: Path, world_dir: Path | None = None,
     """
     on_bad = _on_bad(src, bad_lines)
     if src.format == "txt":
-        per_file = resolve_path(src.path, base_dir, world_dir).is_dir()
+        per_file = is_glob(src.path) or resolve_path(src.path, base_dir, world_dir).is_dir()
         for path in source_files(src, base_dir, world_dir):
             yield from read_txt(path, whole_file=per_file, on_bad=on_bad)
         return
-    for f in _row_files(src, base_dir, world_dir):
+    for f in source_row_files(src, base_dir, world_dir):
         yield from read_texts(f, src.text_field, on_bad)
 
 

@@ -7,8 +7,9 @@ import struct
 import numpy as np
 import pytest
 
+from stagewise.data.indexed_format import index_bytes, read_indexed
 from stagewise.data.shards import TokenShard
-from stagewise.engines.megatron.indexed_data import index_bytes, read_indexed, write_indexed_dir
+from stagewise.engines.megatron.indexed_data import write_indexed_dir
 
 
 def _shard(tmp_path, docs, dtype=np.uint16):

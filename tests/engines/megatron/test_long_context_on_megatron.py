@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from stagewise.data.indexed_format import read_indexed
 from stagewise.data.shards import TokenShard
-from stagewise.engines.megatron.indexed_data import read_indexed
 from tests.engines.fake_engines.megatron import run_stagewise
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
+from stagewise.data.indexed_format import index_bytes, read_indexed
 from stagewise.data.long_context_config import LengthShare, LongContextDataConfig
 from stagewise.data.shards import write_shard
 from stagewise.engines.config import EngineEnv, LaunchConfig
-from stagewise.engines.megatron.indexed_data import index_bytes, read_indexed
 from stagewise.engines.megatron.stage import beside, indexed_shards, long_context_plan, sft_plan
 from stagewise.engines.megatron.translate import MLflowTarget
 from stagewise.model.config import ModelConfig
