@@ -101,7 +101,8 @@ def data_build(
         for name, s in result.manifest["sources"].items():
             rejected = ", ".join(f"{k} {v}" for k, v in s["rejected"].items()) or "none"
             typer.echo(f"  {name:<14} {s['train_tokens']:>12,} train tokens {s['val_tokens']:>10,} val "
-                       f"{s['kept']:>8,} of {s['docs']:,} docs kept; {s['duplicates']:,} duplicates; rejected: {rejected}")
+                       f"{s['kept']:>8,} of {s['docs']:,} docs kept; duplicates: {s['duplicates']['exact']:,} exact, "
+                       f"{s['duplicates']['near']:,} near; rejected: {rejected}")
 
     emit(result, as_json, text)
 

@@ -7,7 +7,7 @@ Layout of `out`:
     shards/<source>/train/part-NNNNN.bin|.idx   one pair per work unit with documents in that split
     shards/<source>/val/part-NNNNN.bin|.idx
     corpus.json                       the manifest: per source its shards (prefix, documents, tokens), documents
-                                      read, rejected by reason, duplicates removed, bad lines skipped
+                                      read, rejected by reason, duplicates removed (exact, near), bad lines skipped
     build_report.json                 how this run went: executor, seconds per phase, units redone, rates
     .work/                            the steps' results (scan hashes, write records), kept for reruns
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import resource
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from stagewise.data.config import SourceConfig
 from stagewise.data.corpus.config import CorpusBuildConfig
 from stagewise.data.corpus.executors import executor_for
 from stagewise.data.corpus.plan import PLAN, freeze_plan, make_plan, units_of
-from stagewise.data.corpus.steps import find_duplicates, scan_unit, write_unit
+from stagewise.data.corpus.steps import find_duplicates, find_near_pairs, scan_unit, write_unit
 from stagewise.data.digest import file_sha256
 from stagewise.data.indexed_format import indexed_dtype
 from stagewise.data.tokenizer import load_tokenizer
@@ -55,7 +56,7 @@ def _settings(cfg: CorpusBuildConfig, tokenizer_dir: Path, validation_fraction: 
     """Everything besides the inputs that shapes the output bytes (recorded in the plan)."""
     tok = load_tokenizer(tokenizer_dir)
     files = sorted(p for p in tokenizer_dir.rglob("*") if p.is_file())
-    return {"filters": cfg.filters.model_dump(), "exact_dedup": cfg.dedup.exact, "partitions": cfg.dedup.partitions,
+    return {"filters": cfg.filters.model_dump(), "dedup": cfg.dedup.model_dump(),
             "validation_fraction": validation_fraction, "seed": seed,
             "tokenizer": {"dir": str(tokenizer_dir), "vocab_size": len(tok), "eos_id": tok.eos_token_id,
                           "dtype": indexed_dtype(len(tok)).name,
@@ -70,22 +71,29 @@ def build_corpus(sources: list[SourceConfig], base_dir: Path, world_dir: Path | 
     plan = make_plan(sources, Path(base_dir), world_dir, max(1, int(cfg.shard_mb * 1024**2)))
     plan["settings"] = _settings(cfg, tokenizer_dir, validation_fraction, seed)
     plan = freeze_plan(plan, out)
-    units, work, parts = units_of(plan), str(out / WORK), cfg.dedup.partitions
+    units, work, dedup = units_of(plan), str(out / WORK), cfg.dedup
     seconds: dict[str, float] = {}
     written_before = sum((out / WORK / "done" / f"{u.name}.json").is_file() for u in units)
     t0 = time.monotonic()
     with executor_for(cfg, progress) as run:
         seconds["start"] = time.monotonic() - t0
         t = time.monotonic()
-        scans = run.map(scan_unit, [(u, cfg.filters, parts, work) for u in units], "scanning")
+        scans = run.map(scan_unit, [(u, cfg.filters, dedup, work) for u in units], "scanning")
         seconds["scan"] = time.monotonic() - t
-        drops: dict[int, list[int]] = defaultdict(list)
         t = time.monotonic()
-        if cfg.dedup.exact:
-            calls = [(p, [(s["unit"], s["bounds"][p], s["bounds"][p + 1]) for s in scans], work) for p in range(parts)]
-            for found in run.map(find_duplicates, calls, "dedup"):
-                for unit, ordinal in found:
-                    drops[unit].append(ordinal)
+        dropped: dict[tuple[int, int], str] = {}
+        if dedup.exact:
+            calls = [(p, _slices(scans, "bounds", p), work) for p in range(dedup.partitions)]
+            for found in run.map(find_duplicates, calls, "exact dedup"):
+                dropped |= {doc: "exact" for doc in found}
+        if dedup.near:
+            calls = [(p, _slices(scans, "near_bounds", p), dedup.threshold, dedup.max_bucket, work)
+                     for p in range(dedup.partitions)]
+            pairs = {tuple(pair) for found in run.map(find_near_pairs, calls, "near dedup") for pair in found}
+            dropped |= near_drops(pairs, dropped)
+        drops: dict[int, list[int]] = defaultdict(list)
+        for unit, ordinal in dropped:
+            drops[unit].append(ordinal)
         seconds["dedup"] = time.monotonic() - t
         t = time.monotonic()
         settings = plan["settings"]
@@ -94,7 +102,7 @@ def build_corpus(sources: list[SourceConfig], base_dir: Path, world_dir: Path | 
         seconds["write"] = time.monotonic() - t
         executor, nodes = run.name, len(run.nodes)
     seconds["total"] = time.monotonic() - t0
-    manifest = _manifest(plan, (out / PLAN).read_bytes(), scans, records)
+    manifest = _manifest(plan, (out / PLAN).read_bytes(), scans, records, dropped)
     write_file(out / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     docs = sum(s["docs"] for s in scans)
     tokens = sum(src["train_tokens"] + src["val_tokens"] for src in manifest["sources"].values())
@@ -102,17 +110,40 @@ def build_corpus(sources: list[SourceConfig], base_dir: Path, world_dir: Path | 
               "units": len(units), "units_written_before": written_before,
               "units_written_now": len(units) - written_before, "input_bytes": sum(u.bytes for u in units),
               "docs": docs, "tokens": tokens, "seconds": {k: round(v, 3) for k, v in seconds.items()},
+              "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               "docs_per_s": round(docs / seconds["total"], 1) if seconds["total"] else None,
               "tokens_per_s": round(tokens / seconds["total"], 1) if seconds["total"] else None}
     write_file(out / REPORT, json.dumps(report, indent=1, sort_keys=True).encode())
     return CorpusBuild(out, manifest, report)
 
 
-def _manifest(plan: dict, plan_bytes: bytes, scans: list[dict], records: list[dict]) -> dict:
+def _slices(scans: list[dict], key: str, partition: int) -> list[tuple[int, int, int]]:
+    """(unit, lo, hi) of one hash partition in every unit's scan file."""
+    return [(s["unit"], s[key][partition], s[key][partition + 1]) for s in scans]
+
+
+def near_drops(pairs: set[tuple[int, int, int, int]], dropped: dict[tuple[int, int], str]) -> dict[tuple[int, int], str]:
+    """The documents near dedup drops: in plan order, each one with a verified partner before it that is kept.
+
+    The streaming rule (curate/dedup.py) over the whole corpus: an earlier document already dropped, as an exact
+    or near duplicate, drops nothing; so a chain a ~ b ~ c with a !~ c keeps a and c."""
+    earlier: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for u1, o1, u2, o2 in pairs:
+        earlier[(u2, o2)].append((u1, o1))
+    out: dict[tuple[int, int], str] = {}
+    for doc in sorted(earlier):
+        if doc not in dropped and any(e not in dropped and e not in out for e in earlier[doc]):
+            out[doc] = "near"
+    return out
+
+
+def _manifest(plan: dict, plan_bytes: bytes, scans: list[dict], records: list[dict],
+              dropped: dict[tuple[int, int], str]) -> dict:
     """Per source: shards in plan order, documents read, kept, rejected by reason, duplicates, bad lines."""
     sources: dict[str, dict] = {}
     for unit in plan["units"]:
-        sources.setdefault(unit["source"], {"docs": 0, "kept": 0, "rejected": {}, "duplicates": 0, "bad_lines": 0,
+        sources.setdefault(unit["source"], {"docs": 0, "kept": 0, "rejected": {}, "duplicates": {"exact": 0, "near": 0},
+                                            "bad_lines": 0,
                                             "train_tokens": 0, "val_tokens": 0, "train": [], "val": []})
     for scan, record in zip(scans, records):
         s = sources[scan["source"]]
@@ -121,11 +152,13 @@ def _manifest(plan: dict, plan_bytes: bytes, scans: list[dict], records: list[di
         for reason, n in scan["rejected"].items():
             s["rejected"][reason] = s["rejected"].get(reason, 0) + n
         s["kept"] += record["kept"]
-        s["duplicates"] += record["duplicates"]
         for split in ("train", "val"):
             if record[split] is not None:
                 s[split].append(record[split])
                 s[f"{split}_tokens"] += record[split]["tokens"]
+    source_of = {u["id"]: u["source"] for u in plan["units"]}
+    for (unit, _), reason in dropped.items():
+        sources[source_of[unit]]["duplicates"][reason] += 1
     return {"format": CORPUS_FORMAT, "plan_sha256": hashlib.sha256(plan_bytes).hexdigest(),
             "tokenizer": {k: v for k, v in plan["settings"]["tokenizer"].items() if k != "files"},
             "sources": sources}

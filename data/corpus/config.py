@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stagewise.config_base import StrictConfig
 
@@ -53,9 +53,32 @@ class CorpusDedupConfig(StrictConfig):
     exact: bool = True
     """Drop a document whose normalised text (NFKC, lower case, whitespace collapsed) equals an earlier
     one's, across every source and file: a shuffle by a 128-bit hash of that text."""
+    near: bool = True
+    """Drop a document whose word-shingle set has Jaccard similarity >= `threshold` with an earlier kept one:
+    MinHash signatures (rensa), LSH bands shuffled by band hash, every candidate pair verified by its exact
+    Jaccard (the same rule as SFT curation's, data/curate/dedup.py)."""
+    threshold: float = Field(0.8, gt=0, le=1)
+    """Jaccard similarity at or above which two documents are near duplicates."""
+    shingle_size: int = Field(5, ge=1)
+    """Words per shingle."""
+    num_perm: int = Field(128, ge=4)
+    """MinHash permutations P."""
+    bands: int | None = Field(None, ge=1)
+    """LSH bands b (r = P // b rows each); default: the b dividing P that best separates the threshold."""
+    minhash_seed: int = 1
+    """Seed of the MinHash permutations."""
+    max_bucket: int = Field(1000, ge=2)
+    """Documents of one LSH bucket compared pairwise at most; a larger bucket (thousands of near-identical
+    boilerplate pages) compares each later member with its first `max_bucket` members only."""
     partitions: int = Field(16, ge=1, le=4096)
-    """Hash partitions of the shuffle (one reduce task each): larger for corpora whose hashes do not fit
-    one task's memory (24 bytes a document)."""
+    """Hash partitions of each shuffle (one reduce task each): larger for corpora whose hashes do not fit
+    one task's memory (24 bytes a document for exact, 16 a band for near)."""
+
+    @model_validator(mode="after")
+    def _bands_fit(self) -> "CorpusDedupConfig":
+        if self.bands is not None and self.bands > self.num_perm:
+            raise ValueError(f"bands ({self.bands}) must not exceed num_perm ({self.num_perm})")
+        return self
 
 
 class CorpusBuildConfig(StrictConfig):

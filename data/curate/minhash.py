@@ -64,7 +64,7 @@ def _powers(base: int, n: int) -> np.ndarray:
     return out
 
 
-def _mix(h: np.ndarray) -> np.ndarray:
+def mix64(h: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: every input bit reaches every output bit."""
     h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -106,7 +106,7 @@ def _group_word_hashes(folded: list[str]) -> tuple[np.ndarray, np.ndarray]:
     prefix = np.zeros(len(cps) + 1, dtype=np.uint64)
     np.cumsum(cps.astype(np.uint64) * powers[:len(cps)], out=prefix[1:])
     sums = (prefix[ends] - prefix[starts]) * inverses[starts]
-    return _mix(sums + (ends - starts).astype(np.uint64)), counts
+    return mix64(sums + (ends - starts).astype(np.uint64)), counts
 
 
 def word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

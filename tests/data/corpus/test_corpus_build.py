@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from stagewise.data.corpus.build import build_corpus
+from stagewise.data.corpus.build import build_corpus, near_drops
 from stagewise.data.corpus.config import CorpusBuildConfig
 from stagewise.data.errors import BadInput
 from stagewise.data.indexed_format import read_indexed
@@ -59,7 +59,17 @@ def test_keeps_the_first_copy_corpus_wide_and_counts_rejects_by_reason(corpus, c
         assert sorted(val) == sorted(want_val) and want_val
         assert sorted(train) == sorted(want_train)
         assert s["train_tokens"] == sum(map(len, train)) and s["val_tokens"] == sum(map(len, val))
-    assert corpus.duplicates == {"web": 2, "books": 1}
+    assert corpus.duplicates == {"web": {"exact": 2, "near": 1}, "books": {"exact": 1, "near": 1}}
+
+
+@pytest.mark.parametrize(("pairs", "exact", "near"), [
+    ({(0, 1, 0, 2), (0, 2, 0, 3)}, {}, {(0, 2)}),             # a ~ b ~ c, a !~ c: b goes, c stays (b is not kept)
+    ({(0, 1, 0, 2), (0, 1, 1, 0)}, {}, {(0, 2), (1, 0)}),      # both later partners of a kept one go
+    ({(0, 1, 0, 2)}, {(0, 1): "exact"}, set()),               # an exact duplicate drops nothing
+    ({(0, 1, 2, 0), (1, 5, 2, 0)}, {(0, 1): "exact"}, {(2, 0)}),  # ... but another kept partner does
+])
+def test_near_drops_follow_the_streaming_rule_in_plan_order(pairs, exact, near):
+    assert set(near_drops(pairs, exact)) == near
 
 
 def test_what_is_kept_does_not_depend_on_how_the_inputs_are_cut(corpus, corpus_tokenizer, tmp_path):

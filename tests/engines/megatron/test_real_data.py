@@ -10,6 +10,10 @@ every sample a contiguous window of our documents in the order it drew them, as 
 tokens as that stream holds. The prefixes are smaller than the preset's own split needs (N_DOCS), so
 the build finishing at all shows the plan's split is what the library read.
 
+The corpus build (`stagewise data build`, data/corpus/): its shards are written as indexed datasets
+directly, several per source; megatron-core must read each exactly as our reader does, with the
+manifest's document and token counts.
+
 SFT: conversations written by write_chat_rows (reasoning on, and off), read by Megatron-Bridge's
 GPT SFT builder with the chat preprocessing: the token ids must be ours (data.chat.render) exactly,
 and the loss mask ours but for the one difference chat_rows.py names: the newline after each
@@ -34,6 +38,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from stagewise.data.chat import render
+from stagewise.data.indexed_format import read_indexed
 from stagewise.data.sft_assembly import write_jsonl
 from stagewise.data.shards import TokenShard, write_shard, write_source_shards
 from stagewise.engines.megatron.chat_rows import write_chat_rows
@@ -129,6 +134,22 @@ def shards(pretrain_tokenizer, tmp_path_factory) -> dict[str, TokenShard]:
 
 
 @pytest.fixture(scope="module")
+def corpus(pretrain_tokenizer, tmp_path_factory):
+    """A corpus build of two JSONL sources in small work units (many shards a source), in process."""
+    from stagewise.data.config import SourceConfig
+    from stagewise.data.corpus.build import build_corpus
+    from stagewise.data.corpus.config import CorpusBuildConfig
+
+    root = tmp_path_factory.mktemp("corpus")
+    for name, n in (("sums", 600), ("products", 400)):
+        rows = [json.dumps({"text": f"{name} {i}: {i} and {i * 7 % 13} make {i + i * 7 % 13} in all"}) for i in range(n)]
+        (root / f"{name}.jsonl").write_text("\n".join(rows) + "\n")
+    sources = [SourceConfig(name=n, path=f"{n}.jsonl") for n in ("sums", "products")]
+    return build_corpus(sources, root, None, pretrain_tokenizer, CorpusBuildConfig(shard_mb=0.01), 0.05, 3,
+                        root / "out")
+
+
+@pytest.fixture(scope="module")
 def chat_roots(chat_tokenizer_dir, tmp_path_factory) -> dict[bool, Path]:
     """CONVS through write_chat_rows twice: every conversation with reasoning on, then off."""
     root = tmp_path_factory.mktemp("chat")
@@ -167,14 +188,16 @@ def pretrain_plan(prefixes: dict[str, str], tokenizer: Path, save_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def side(megatron_python, shards, chat_roots, pretrain_tokenizer, chat_tokenizer_dir, tmp_path_factory):
+def side(megatron_python, shards, corpus, chat_roots, pretrain_tokenizer, chat_tokenizer_dir, tmp_path_factory):
     """(prefixes, the side run's report, the pretraining plan): our shards as indexed datasets, what the
     libraries read, and the plan whose dataset settings the GPTDataset was built with."""
     root = tmp_path_factory.mktemp("megatron-data")
     prefixes = {name: str(p) for name, p in write_indexed_dir(shards, root / "indexed").items()}
     plan = pretrain_plan(prefixes, pretrain_tokenizer, root / "megatron")
     o = plan.overrides
-    request = {"indexed": list(prefixes.values()),
+    corpus_prefixes = [str(corpus.out / shard["prefix"]) for s in corpus.manifest["sources"].values()
+                       for split in ("train", "val") for shard in s[split]]
+    request = {"indexed": list(prefixes.values()) + corpus_prefixes,
                "gpt": {"blend": o["dataset.blend"], "seq_length": o["dataset.seq_length"],
                        "samples": plan.train_iters * o["train.global_batch_size"], "seed": o["dataset.random_seed"],
                        "tokenizer": o["tokenizer.tokenizer_model"], "split": o["dataset.split"]},
@@ -195,6 +218,19 @@ def test_megatron_core_reads_exactly_our_documents(side, shards, name, dtype):
     assert read["sequence_count"] == shards[name].n_docs == N_DOCS
     assert read["document_indices"] == list(range(N_DOCS + 1))  # one sequence per document
     assert read["documents"] == _documents(shards[name])
+
+
+def test_megatron_core_reads_the_corpus_builds_shards_as_we_do(side, corpus):
+    _, report, _ = side
+    shards = [shard for s in corpus.manifest["sources"].values() for split in ("train", "val") for shard in s[split]]
+    assert len(shards) > 4
+    for shard in shards:
+        prefix = corpus.out / shard["prefix"]
+        read = report["indexed"][str(prefix)]
+        assert read["dtype"] == "uint16" and read["sequence_count"] == shard["docs"]
+        assert read["documents"] == [d.tolist() for d in read_indexed(prefix)]
+        assert sum(map(len, read["documents"])) == shard["tokens"]
+        assert all(d[-1] == 2 for d in read["documents"])  # every document ends with eos
 
 
 def test_the_plan_builds_the_training_split_alone(side):
