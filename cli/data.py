@@ -61,6 +61,9 @@ def data_build(
                                        "redoes only unfinished work units; another corpus's plan there is refused."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="HF tokenizer directory (default: the recipe's "
                                              "tokenizer.path, else the tokenizer `data prepare` built for it)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the work units per source, the executor and (with "
+                                 "data.build.dedup.engine=curator) the NeMo Curator calls near dedup would make, and "
+                                 "whether they can run here; read nothing but the inputs' sizes, write nothing."),
     overrides: list[str] = SetOpt,
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,
@@ -82,17 +85,15 @@ def data_build(
     """
     loaded = load(recipe, overrides)
     r = loaded.recipe
-    from stagewise.data.corpus.build import build_corpus
-    from stagewise.data.prepare import ensure_world
-    from stagewise.data.tokenizer import existing_tokenizer_dir
+    from stagewise.data.corpus.build import build_for_recipe
 
-    tok_dir = tokenizer or (existing_tokenizer_dir(r.tokenizer, loaded.base_dir) if r.tokenizer.path is not None
-                            else _prepared_tokenizer(recipe, loaded))
-    if not Path(tok_dir).is_dir():
-        raise BadInput(f"--tokenizer {tok_dir}: not a directory")
-    world = ensure_world(r.data.world, r.seed, Path(r.workdir)) if r.data.world is not None else None
-    result = build_corpus(r.data.sources, loaded.base_dir, world, Path(tok_dir), r.data.build,
-                          r.data.validation_fraction, r.seed, out or Path(r.workdir) / "corpus", progress=not as_json)
+    if dry_run:
+        _preview_build(loaded, out, as_json)
+        return
+    if tokenizer is not None and not tokenizer.is_dir():
+        raise BadInput(f"--tokenizer {tokenizer}: not a directory")
+    result = build_for_recipe(r.data, r.tokenizer, Path(r.workdir), r.seed, loaded.base_dir, out, tokenizer,
+                              progress=not as_json)
 
     def text() -> None:
         rep = result.report
@@ -105,6 +106,33 @@ def data_build(
                        f"{s['duplicates']['near']:,} near; rejected: {rejected}")
 
     emit(result, as_json, text)
+
+
+def _preview_build(loaded, out: Optional[Path], as_json: bool) -> None:
+    """`data build --dry-run`: data/corpus/build.py preview_corpus, as text or JSON."""
+    from stagewise.data.corpus.build import preview_corpus
+    from stagewise.data.prepare import ensure_world
+
+    r = loaded.recipe
+    world = ensure_world(r.data.world, r.seed, Path(r.workdir)) if r.data.world is not None else None
+    preview = preview_corpus(r.data.sources, loaded.base_dir, world, r.data.build, out or Path(r.workdir) / "corpus")
+
+    def text() -> None:
+        typer.echo(f"would build {preview['out']}: {preview['units']} work units, {preview['input_bytes']:,} input "
+                   f"bytes, executor {preview['executor']} ({preview['workers']} worker(s)); dedup exact "
+                   f"{'on' if preview['dedup']['exact'] else 'off'}, near {preview['dedup']['near'] or 'off'}")
+        for name, s in preview["sources"].items():
+            typer.echo(f"  {name:<14} {s['files']:>5} file(s) {s['units']:>6} unit(s) {s['bytes']:>15,} bytes")
+        if preview["curator"] is not None:
+            missing = preview["curator"]["missing"]
+            typer.echo(f"near dedup through NeMo Curator ({'can run here' if missing is None else 'cannot run here: ' + missing}):")
+            for step in ("fuzzy", "removal"):
+                call = preview["curator"]["plan"][step]
+                kwargs = {k: (f"[{len(v)} staged parquet files]" if k == "input_path" else v)
+                          for k, v in call["kwargs"].items()}
+                typer.echo(f"  {call['class'].rsplit('.', 1)[1]}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
+
+    emit(preview, as_json, text)
 
 
 def _curate_config(path: Optional[Path]):

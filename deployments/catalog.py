@@ -12,6 +12,8 @@ overrides, resume, force: run despite the recipe doctor's errors), so the Prefec
                                      `ablate_recipe_flow`: the variants, budget and start in the form)
     nightly-eval/nightly-eval        the newest registered checkpoint on the recipe's suites, nightly
                                      (flows/nightly_eval.py; scheduled with --schedule)
+    data-build/data-build            the recipe's sources as Megatron indexed shards, in process or on
+                                     Ray (flows/data_build.py), logged to an MLflow run `data-build`
     stagewise-promote/promote        cutoffs as a job (flows/promote.py): move `<stage>-champion` to
                                      the stage checkpoint a cutoff rule picks; the form's experiment and
                                      MLflow store default to the recipe's, the rule file is asked for
@@ -30,6 +32,7 @@ from prefect.deployments.runner import EntrypointType, RunnerDeployment
 from pydantic import ValidationError
 
 from stagewise.data.errors import BadInput
+from stagewise.flows.data_build import data_build_flow
 from stagewise.flows.deployed import ablate_recipe_flow, run_recipe_flow
 from stagewise.flows.nightly_eval import evaluate_latest_flow
 from stagewise.flows.pipeline import tracker_for
@@ -40,7 +43,8 @@ from stagewise.recipe import load_recipe
 WEEKLY_CRON = "0 3 * * 0"
 """Sundays at 03:00 UTC: a full pipeline run a week."""
 
-PIPELINE, WEEKLY, PROMOTE, NIGHTLY, ABLATE = "pipeline", "weekly", "promote", "nightly-eval", "ablate"
+PIPELINE, WEEKLY, PROMOTE, NIGHTLY, ABLATE, DATA_BUILD = (
+    "pipeline", "weekly", "promote", "nightly-eval", "ablate", "data-build")
 NIGHTLY_CRON = "0 2 * * *"
 """Every night at 02:00 UTC: the newest registered checkpoint scored on the recipe's suites."""
 
@@ -85,6 +89,10 @@ def build_deployments(recipe: str | Path, schedule: bool = True, cron: str = WEE
         **({"cron": NIGHTLY_CRON} if schedule else {})))
     made.append(ablate_recipe_flow.to_deployment(
         name=ABLATE, description="Run one stage once per variant (NAME or NAME:KEY=VALUE) and compare them.",
+        tags=["stagewise"], entrypoint_type=EntrypointType.MODULE_PATH, parameters=default))
+    made.append(data_build_flow.to_deployment(
+        name=DATA_BUILD, description="Build the recipe's sources as Megatron indexed shards (in process or on Ray), "
+        "logged to an MLflow run data-build.",
         tags=["stagewise"], entrypoint_type=EntrypointType.MODULE_PATH, parameters=default))
     return made
 

@@ -27,14 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stagewise.data.atomic import write_file
-from stagewise.data.config import SourceConfig
+from stagewise.data.config import DataConfig, SourceConfig, TokenizerConfig
 from stagewise.data.corpus.config import CorpusBuildConfig
+from stagewise.data.corpus.curator import curator_missing, curator_plan, run_curator, stage_unit
 from stagewise.data.corpus.executors import executor_for
 from stagewise.data.corpus.plan import PLAN, freeze_plan, make_plan, units_of
 from stagewise.data.corpus.steps import find_duplicates, find_near_pairs, scan_unit, write_unit
 from stagewise.data.digest import file_sha256
+from stagewise.data.errors import BadInput
 from stagewise.data.indexed_format import indexed_dtype
-from stagewise.data.tokenizer import load_tokenizer
+from stagewise.data.prepare import ensure_world, find_prepared
+from stagewise.data.tokenizer import existing_tokenizer_dir, load_tokenizer
 
 MANIFEST, REPORT, WORK = "corpus.json", "build_report.json", ".work"
 CORPUS_FORMAT = 1
@@ -68,6 +71,10 @@ def build_corpus(sources: list[SourceConfig], base_dir: Path, world_dir: Path | 
                  progress: bool = False) -> CorpusBuild:
     """Plan, scan, deduplicate and write; see the module docstring."""
     out, tokenizer_dir = Path(out).resolve(), Path(tokenizer_dir).resolve()
+    if cfg.dedup.curator_near and (missing := curator_missing()) is not None:
+        raise BadInput(f"data.build.dedup.engine: curator cannot run on this machine: {missing}. "
+                       "`stagewise data build --dry-run` shows the Curator calls it would make; "
+                       "data.build.dedup.engine=builtin removes near duplicates on any machine")
     plan = make_plan(sources, Path(base_dir), world_dir, max(1, int(cfg.shard_mb * 1024**2)))
     plan["settings"] = _settings(cfg, tokenizer_dir, validation_fraction, seed)
     plan = freeze_plan(plan, out)
@@ -86,18 +93,20 @@ def build_corpus(sources: list[SourceConfig], base_dir: Path, world_dir: Path | 
             calls = [(p, _slices(scans, "bounds", p), work) for p in range(dedup.partitions)]
             for found in run.map(find_duplicates, calls, "exact dedup"):
                 dropped |= {doc: "exact" for doc in found}
-        if dedup.near:
+        if dedup.curator_near:
+            exact = _by_unit(dropped)
+            run.map(stage_unit, [(u, cfg.filters, exact[u.id], work) for u in units], "curator input")
+            dropped |= run_curator(curator_plan(units, dedup, work))
+        if dedup.builtin_near:
             calls = [(p, _slices(scans, "near_bounds", p), dedup.threshold, dedup.max_bucket, work)
                      for p in range(dedup.partitions)]
             pairs = {tuple(pair) for found in run.map(find_near_pairs, calls, "near dedup") for pair in found}
             dropped |= near_drops(pairs, dropped)
-        drops: dict[int, list[int]] = defaultdict(list)
-        for unit, ordinal in dropped:
-            drops[unit].append(ordinal)
+        drops = _by_unit(dropped)
         seconds["dedup"] = time.monotonic() - t
         t = time.monotonic()
         settings = plan["settings"]
-        records = run.map(write_unit, [(u, sorted(drops[u.id]), settings["tokenizer"]["dir"], validation_fraction,
+        records = run.map(write_unit, [(u, drops[u.id], settings["tokenizer"]["dir"], validation_fraction,
                                         seed, str(out), work) for u in units], "tokenizing")
         seconds["write"] = time.monotonic() - t
         executor, nodes = run.name, len(run.nodes)
@@ -115,6 +124,57 @@ def build_corpus(sources: list[SourceConfig], base_dir: Path, world_dir: Path | 
               "tokens_per_s": round(tokens / seconds["total"], 1) if seconds["total"] else None}
     write_file(out / REPORT, json.dumps(report, indent=1, sort_keys=True).encode())
     return CorpusBuild(out, manifest, report)
+
+
+def _by_unit(dropped: dict[tuple[int, int], str]) -> dict[int, list[int]]:
+    """The dropped documents' ordinals per unit, sorted (every unit has a list, maybe empty)."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for unit, ordinal in sorted(dropped):
+        out[unit].append(ordinal)
+    return out
+
+
+def preview_corpus(sources: list[SourceConfig], base_dir: Path, world_dir: Path | None, cfg: CorpusBuildConfig,
+                   out: Path) -> dict:
+    """What a build would do, doing none of it (`stagewise data build --dry-run`): the work units per source,
+    the executor, and with dedup.engine=curator the Curator calls (data/corpus/curator.py) and whether they
+    could run here. Reads only the inputs' sizes (and parquet footers); writes nothing."""
+    out = Path(out).resolve()
+    units = units_of(make_plan(sources, Path(base_dir), world_dir, max(1, int(cfg.shard_mb * 1024**2))))
+    per_source: dict[str, dict] = {}
+    for u in units:
+        s = per_source.setdefault(u.source, {"files": set(), "units": 0, "bytes": 0})
+        s["files"].add(u.file)
+        s["units"] += 1
+        s["bytes"] += u.bytes
+    dedup = cfg.dedup
+    return {"out": str(out), "executor": cfg.executor, "workers": cfg.ray.workers if cfg.executor == "ray" else 1,
+            "units": len(units), "input_bytes": sum(u.bytes for u in units),
+            "sources": {name: {**s, "files": len(s["files"])} for name, s in per_source.items()},
+            "dedup": {"exact": dedup.exact, "near": dedup.engine if dedup.near else None},
+            "curator": ({"plan": curator_plan(units, dedup, str(out / WORK)), "missing": curator_missing()}
+                        if dedup.curator_near else None)}
+
+
+def build_for_recipe(data: DataConfig, tokenizer: TokenizerConfig, workdir: Path, seed: int, base_dir: Path,
+                     out: Path | None = None, tokenizer_dir: Path | None = None, progress: bool = False) -> CorpusBuild:
+    """build_corpus for a recipe's data block: its demo world made when it has one, into `out` (default
+    `<workdir>/corpus`), tokenized by `tokenizer_dir`, else the recipe's tokenizer.path, else the tokenizer
+    `data prepare` trained for it (BadInput when there is none yet)."""
+    workdir, base_dir = Path(workdir), Path(base_dir)
+    if tokenizer_dir is None and tokenizer.path is not None:
+        tokenizer_dir = existing_tokenizer_dir(tokenizer, base_dir)
+    if tokenizer_dir is None:
+        prepared = find_prepared(data, tokenizer, workdir, seed, base_dir)
+        if prepared is None:
+            raise BadInput(f"tokenizer: no tokenizer.path and no prepared tokenizer under {workdir / 'data'} for this "
+                           "recipe: run `stagewise data prepare` on it first, or name a tokenizer directory")
+        tokenizer_dir = prepared.tokenizer_dir
+    if not Path(tokenizer_dir).is_dir():
+        raise BadInput(f"tokenizer {tokenizer_dir}: not a directory")
+    world = ensure_world(data.world, seed, workdir) if data.world is not None else None
+    return build_corpus(data.sources, base_dir, world, Path(tokenizer_dir), data.build, data.validation_fraction, seed,
+                        out or workdir / "corpus", progress=progress)
 
 
 def _slices(scans: list[dict], key: str, partition: int) -> list[tuple[int, int, int]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from stagewise.deployments.catalog import (
     ABLATE,
+    DATA_BUILD,
     NIGHTLY,
     NIGHTLY_CRON,
     PIPELINE,
@@ -26,8 +27,8 @@ TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 
 def test_one_deployment_for_the_pipeline_the_schedule_and_each_stage():
     everything = [d.name for d in build_deployments(TINY)]
-    assert everything == [PIPELINE, WEEKLY, *(s.name for s in REGISTRY), PROMOTE, NIGHTLY, ABLATE]
-    made = {d.name: d for d in build_deployments(TINY) if d.name not in (PROMOTE, NIGHTLY, ABLATE)}
+    assert everything == [PIPELINE, WEEKLY, *(s.name for s in REGISTRY), PROMOTE, NIGHTLY, ABLATE, DATA_BUILD]
+    made = {d.name: d for d in build_deployments(TINY) if d.name not in (PROMOTE, NIGHTLY, ABLATE, DATA_BUILD)}
     assert {d.flow_name for d in made.values()} == {"stagewise-recipe"}
     assert {d.entrypoint for d in made.values()} == {"stagewise.flows.deployed.run_recipe_flow"}  # importable from any directory
     assert all(d.parameters["recipe"] == str(TINY.resolve()) for d in made.values())
@@ -40,6 +41,12 @@ def test_the_nightly_evaluation_is_scheduled_only_with_schedules():
     assert nightly.flow_name == "nightly-eval" and nightly.entrypoint == "stagewise.flows.nightly_eval.evaluate_latest_flow"
     assert [s.schedule.cron for s in nightly.schedules] == [NIGHTLY_CRON]
     assert not {d.name: d for d in build_deployments(TINY, schedule=False)}[NIGHTLY].schedules
+
+
+def test_the_data_build_runs_its_own_flow_on_the_recipe_unscheduled():
+    built = {d.name: d for d in build_deployments(TINY)}[DATA_BUILD]
+    assert built.flow_name == "data-build" and built.entrypoint == "stagewise.flows.data_build.data_build_flow"
+    assert built.parameters == {"recipe": str(TINY.resolve())} and not built.schedules
 
 
 def test_the_weekly_deployment_has_its_cron_and_no_schedule_leaves_it_out():

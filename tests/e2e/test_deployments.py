@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny.yaml"
 BIN = Path(sys.executable).parent
 STAGES = ["pretrain", "merge", "long_context", "sft", "rl", "distill", "quantize"]
-NAMES = {"pipeline", "weekly", *STAGES, "promote", "nightly-eval", "ablate"}
+NAMES = {"pipeline", "weekly", *STAGES, "promote", "nightly-eval", "ablate", "data-build"}
 SMALL = [  # 16 steps of 2048 tokens, two checkpoints, one 2-checkpoint merge window
     "stages.pretrain.tokens=32768", "stages.pretrain.global_batch=8", "stages.pretrain.micro_batch=8",
     "stages.pretrain.checkpoint_every_tokens=16384", "stages.pretrain.schedule.warmup_tokens=4096",
