@@ -57,6 +57,13 @@ class CorpusDedupConfig(StrictConfig):
     """Drop a document whose word-shingle set has Jaccard similarity >= `threshold` with an earlier kept one:
     MinHash signatures (rensa), LSH bands shuffled by band hash, every candidate pair verified by its exact
     Jaccard (the same rule as SFT curation's, data/curate/dedup.py)."""
+    engine: Literal["builtin", "curator"] = "builtin"
+    """Who finds near duplicates: `builtin`, the shuffle above, on any machine (byte-identical across executors);
+    `curator`, NeMo Curator's GPU fuzzy dedup (FuzzyDeduplicationWorkflow: MinHash over `char_ngrams`-character
+    shingles, LSH, connected components, one document kept per group, not necessarily the earliest), for corpora
+    where the CPU shuffle is too slow. It needs a CUDA GPU and Curator's `deduplication_cuda12` extra (cuDF); the
+    build refuses it up front without them, and `stagewise data build --dry-run` shows the calls it would make
+    (data/corpus/curator.py). Exact dedup stays builtin either way."""
     threshold: float = Field(0.8, gt=0, le=1)
     """Jaccard similarity at or above which two documents are near duplicates."""
     shingle_size: int = Field(5, ge=1)
@@ -70,9 +77,20 @@ class CorpusDedupConfig(StrictConfig):
     max_bucket: int = Field(1000, ge=2)
     """Documents of one LSH bucket compared pairwise at most; a larger bucket (thousands of near-identical
     boilerplate pages) compares each later member with its first `max_bucket` members only."""
+    char_ngrams: int = Field(24, ge=1)
+    """engine=curator only: characters per shingle (Curator's own unit; it warns below 20)."""
     partitions: int = Field(16, ge=1, le=4096)
     """Hash partitions of each shuffle (one reduce task each): larger for corpora whose hashes do not fit
     one task's memory (24 bytes a document for exact, 16 a band for near)."""
+
+    @property
+    def builtin_near(self) -> bool:
+        """Near dedup by the builtin shuffle (the scan then records band hashes and shingle sets)."""
+        return self.near and self.engine == "builtin"
+
+    @property
+    def curator_near(self) -> bool:
+        return self.near and self.engine == "curator"
 
     @model_validator(mode="after")
     def _bands_fit(self) -> "CorpusDedupConfig":

@@ -96,13 +96,13 @@ def scan_unit(unit: WorkUnit, filters: FilterConfig, dedup: CorpusDedupConfig, w
             rejected[reason] = rejected.get(reason, 0) + 1
             continue
         rows.append((*text_hash(text), unit.id, ordinal))
-        if dedup.near:
+        if dedup.builtin_near:
             kept_texts.append(text)
     records = np.array(rows, dtype=HASHES)
     records_by_part, bounds = _partitioned(records, records["h1"], dedup.partitions)
     summary = {"unit": unit.id, "source": unit.source, "docs": docs, "kept": len(records),
                "rejected": dict(sorted(rejected.items())), "bad_lines": reader.bad_lines, "bounds": bounds}
-    if dedup.near:
+    if dedup.builtin_near:
         summary["near_bounds"] = _scan_near(kept_texts, records["ord"], unit, dedup, summary_path)
     write_file(summary_path.with_suffix(".npy"), _npy_bytes(records_by_part))
     write_file(summary_path, json.dumps(summary, sort_keys=True).encode())

@@ -51,6 +51,8 @@ class Corpus:
     docs: dict[str, int]
     rejected: dict[str, dict[str, int]]
     duplicates: dict[str, dict[str, int]]
+    after_exact: dict[str, list[str]]
+    """Per source, the texts left after the filters and exact dedup (what near dedup is given), in plan order."""
 
 
 def _norm(text: str) -> str:
@@ -101,7 +103,8 @@ def write_corpus(base: Path) -> Corpus:
         else:
             expected[name].append(t)
     rejected = {"web": {reason: 1 for reason in REJECTS.values()}, "books": {}}
-    return Corpus(base, sources, expected, {"web": 160, "books": 60}, rejected, dups)
+    left = {"web": [t for name, t in after_exact if name == "web"], "books": [t for name, t in after_exact if name == "books"]}
+    return Corpus(base, sources, expected, {"web": 160, "books": 60}, rejected, dups, left)
 
 
 @pytest.fixture(scope="session")
