@@ -17,7 +17,7 @@ So the operator says, at `stagewise serve`:
 The policy travels to the flow runs in the served process's environment (STAGEWISE_FORM_POLICY, JSON):
 Prefect's runner starts each flow run with `stagewise serve`'s environment and no per-run job
 variables, so a form cannot change it. Every deployed flow (flows/deployed.py, flows/nightly_eval.py,
-flows/promote.py) calls `form_policy().admit_*` first, before any work: a refusal is BadInput naming
+flows/promote.py, flows/data_build.py) calls `form_policy().admit_*` first, before any work: a refusal is BadInput naming
 the parameter and the key, and the flow run ends Failed with it. A flow run with no policy in its
 environment (a worker started by hand) gets the default one. On a work pool, `serve --pool` writes
 the policy into each deployment's job variables, which a person allowed to edit job variables can

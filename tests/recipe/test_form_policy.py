@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stagewise.data.errors import BadInput
+from stagewise.flows.data_build import data_build_flow
 from stagewise.flows.deployed import ablate_recipe_flow, run_recipe_flow
 from stagewise.recipe.form_policy import (
     DEFAULT_ALLOWED,
@@ -121,4 +122,8 @@ def test_the_deployed_flows_refuse_before_any_work_naming_the_key(monkeypatch, t
         ablate_recipe_flow.fn(str(TINY), "sft", ["a", "b:stages.sft.launch.env.image=x"])
     with pytest.raises(BadInput, match="start: model.from may not be set"):
         ablate_recipe_flow.fn(str(TINY), "sft", ["a", "b:stages.sft.stages[0].optimizer.lr=0.01"], start="/tmp")
+    with pytest.raises(BadInput, match="overrides: data.build.ray.address may not be set from a form"):
+        data_build_flow.fn(str(TINY), overrides=["data.build.ray.address=10.0.0.5:6379"])
+    with pytest.raises(BadInput, match="recipe: .*r.yaml is outside the directories"):
+        data_build_flow.fn(str(elsewhere))
     assert not workdir.exists()
