@@ -63,7 +63,8 @@ def data_build(
                                              "tokenizer.path, else the tokenizer `data prepare` built for it)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the work units per source, the executor and (with "
                                  "data.build.dedup.engine=curator) the NeMo Curator calls near dedup would make, and "
-                                 "whether they can run here; read nothing but the inputs' sizes, write nothing."),
+                                 "whether they can run here; reads only the inputs' sizes and writes nothing (but the demo world, "
+                                 "when the recipe has one and it is not made yet)."),
     overrides: list[str] = SetOpt,
     as_json: bool = JsonOpt,
     debug: bool = DebugOpt,
@@ -82,6 +83,7 @@ def data_build(
       stagewise data build recipes/tiny.yaml
       stagewise data build recipes/tiny.yaml --set data.build.executor=ray --set data.build.ray.workers=2
       stagewise data build my.yaml --set data.build.ray.address=10.0.0.5:6379 --out /shared/corpus --json
+      stagewise data build my.yaml --set data.build.dedup.engine=curator --dry-run
     """
     loaded = load(recipe, overrides)
     r = loaded.recipe

@@ -138,7 +138,8 @@ def preview_corpus(sources: list[SourceConfig], base_dir: Path, world_dir: Path 
                    out: Path) -> dict:
     """What a build would do, doing none of it (`stagewise data build --dry-run`): the work units per source,
     the executor, and with dedup.engine=curator the Curator calls (data/corpus/curator.py) and whether they
-    could run here. Reads only the inputs' sizes (and parquet footers); writes nothing."""
+    could run here. Reads only the inputs' sizes (and parquet footers); writes nothing (the caller makes the demo
+    world first when the recipe has one)."""
     out = Path(out).resolve()
     units = units_of(make_plan(sources, Path(base_dir), world_dir, max(1, int(cfg.shard_mb * 1024**2))))
     per_source: dict[str, dict] = {}

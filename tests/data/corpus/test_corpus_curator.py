@@ -165,7 +165,7 @@ def fake_curator(monkeypatch):
                 pq.write_table(pa.table({DOC_ID: pa.array(keep, pa.int64())}), out / f"part.{i}.parquet")
 
     class RayActorPoolExecutor:
-        pass
+        """Stands in for Curator's executor: the fuzzy workflow's run() only receives it."""
 
     for dotted, obj in ((curator.FUZZY, Fuzzy), (curator.REMOVAL, Removal), (curator.EXECUTOR, RayActorPoolExecutor)):
         module, _, name = dotted.rpartition(".")
