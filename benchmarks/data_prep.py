@@ -155,22 +155,34 @@ def _digest(out: Path) -> str:
 
 
 def two_node_cluster():
-    """Start a head and a second node (one CPU each) on this host; (address, env, stop). Its session files go to
-    a short directory under /tmp: Ray refuses socket paths over 107 bytes."""
-    temp = Path(tempfile.mkdtemp(prefix="ray-"))
+    """Start a head and a second node (one CPU each) on this host; (address, env, stop).
+
+    Its session files go to a short directory under /tmp: Ray refuses socket paths over 107 bytes, and the
+    second node's sockets (`plasma_store.1`) are longer than the head's. Both nodes and the driver use token
+    auth with the token at ~/.ray/auth_token, made first where it is missing (`ray get-auth-token --generate`
+    only writes one that is not there), so a fresh machine and one where `ray.init` already wrote it agree.
+    A node that does not start stops the other and raises with what `ray start` printed."""
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    common = ["--num-cpus", "1", "--object-store-memory", str(200 * 1024**2), "--disable-usage-stats"]
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--port", str(port), "--include-dashboard", "false",
-                    "--temp-dir", str(temp), *common], env=env, check=True, capture_output=True)
-    subprocess.run([str(BIN / "ray"), "start", "--address", f"127.0.0.1:{port}", *common], env=env, check=True,
-                   capture_output=True)
+    ray = str(BIN / "ray")
+
     def stop() -> None:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True)
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
 
+    common = ["--num-cpus", "1", "--object-store-memory", str(200 * 1024**2), "--disable-usage-stats"]
+    steps = [[ray, "get-auth-token", "--generate"],
+             [ray, "start", "--head", "--port", str(port), "--include-dashboard", "false", "--temp-dir", str(temp),
+              *common],
+             [ray, "start", "--address", f"127.0.0.1:{port}", *common]]
+    for cmd in steps:
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+        if run.returncode:
+            stop()
+            raise RuntimeError(f"{' '.join(cmd[1:3])}: exit {run.returncode}\n{(run.stdout + run.stderr)[-3000:]}")
     return f"127.0.0.1:{port}", env, stop
 
 

@@ -7,10 +7,11 @@ manifest, the plan. One xdist group: each cluster takes the machine's cores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +22,11 @@ import yaml
 
 from stagewise.data.corpus.build import build_corpus
 from stagewise.data.corpus.config import CorpusBuildConfig
-from stagewise.data.corpus.executors import Starved
+from tests.benchmarks.scripts import load_benchmark
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
-RAY = Path(sys.executable).parent / "ray"
 SHARD_MB = 0.004
 STAGEWISE = Path(sys.executable).parent / "stagewise"
 
@@ -47,25 +47,28 @@ def in_process(corpus, corpus_tokenizer, tmp_path):
     return outputs(tmp_path / "in_process")
 
 
+def recipe_for(corpus, tok, tmp_path, **build) -> Path:
+    """A recipe next to the inputs (the same paths as the in-process build's) with these data.build keys."""
+    recipe = corpus.base / f"recipe-{tmp_path.name}.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "corpus-ray", "workdir": str(tmp_path / "runs"), "tokenizer": {"path": str(tok)},
+        "data": {"validation_fraction": 0.1, "sources": [s.model_dump(exclude_defaults=True) for s in corpus.sources],
+                 "build": {"shard_mb": SHARD_MB, "executor": "ray", **build}}, "seed": 7}))
+    return recipe
+
+
 @pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory):
-    """A head and a second node, one CPU each, started with `ray start` and stopped at the end."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # both raylets and the driver must agree on token auth (ray 2.60 writes ~/.ray/auth_token itself)
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    temp = tmp_path_factory.mktemp("ray")
-    common = ["--num-cpus", "1", "--object-store-memory", str(200 * 1024**2), "--disable-usage-stats"]
-    head = [str(RAY), "start", "--head", "--port", str(port), "--include-dashboard", "false",
-            "--temp-dir", str(temp), *common]
+def two_nodes():
+    """A head and a second node, one CPU each, started with `ray start` (the benchmark's own way, so the test
+    and the benchmark run one cluster setup) and stopped at the end; (address, the drivers' environment).
+
+    The builds on it run as `stagewise data build` processes, as a user's would: a driver's Ray reads its
+    auth mode once, so it must have RAY_AUTH_MODE=token from its start."""
+    address, env, stop = load_benchmark("data_prep").two_node_cluster()
     try:
-        subprocess.run(head, env=env, check=True, capture_output=True, timeout=120)
-        subprocess.run([str(RAY), "start", "--address", f"127.0.0.1:{port}", *common], env=env, check=True,
-                       capture_output=True, timeout=120)
-        yield f"127.0.0.1:{port}"
+        yield address, env
     finally:
-        subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        stop()
 
 
 def test_a_local_cluster_of_two_workers_writes_what_one_process_writes(corpus, corpus_tokenizer, tmp_path, in_process):
@@ -74,34 +77,34 @@ def test_a_local_cluster_of_two_workers_writes_what_one_process_writes(corpus, c
     assert outputs(tmp_path / "ray") == in_process
 
 
-def test_a_two_node_cluster_writes_what_one_process_writes(corpus, corpus_tokenizer, tmp_path, in_process, two_nodes,
-                                                         monkeypatch):
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    result = build(corpus, corpus_tokenizer, tmp_path / "ray2", executor="ray",
-                   ray={"address": two_nodes, "workers": 2})
-    assert result.report["nodes"] == 2  # both raylets ran units
+def test_a_two_node_cluster_writes_what_one_process_writes(corpus, corpus_tokenizer, tmp_path, in_process, two_nodes):
+    address, env = two_nodes
+    recipe = recipe_for(corpus, corpus_tokenizer, tmp_path, ray={"address": address, "workers": 2})
+    run = subprocess.run([str(STAGEWISE), "data", "build", str(recipe), "--out", str(tmp_path / "ray2"), "--json"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout)["report"]["nodes"] == 2  # both raylets ran units
     assert outputs(tmp_path / "ray2") == in_process
 
 
-def test_a_cluster_that_cannot_place_the_tasks_fails_naming_the_phase(corpus, corpus_tokenizer, tmp_path, two_nodes,
-                                                                       monkeypatch):
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+def test_a_cluster_that_cannot_place_the_tasks_fails_naming_the_phase(corpus, corpus_tokenizer, tmp_path, two_nodes):
+    address, env = two_nodes
+    recipe = recipe_for(corpus, corpus_tokenizer, tmp_path, ray={"address": address, "cpus_per_worker": 2,
+                                                                 "no_progress_s": 3})
     started = time.monotonic()
-    with pytest.raises(Starved, match=r"no scanning task finished in \d+ s .*no_progress_s=3"):
-        build(corpus, corpus_tokenizer, tmp_path / "never", executor="ray",
-              ray={"address": two_nodes, "cpus_per_worker": 2, "no_progress_s": 3})
+    run = subprocess.run([str(STAGEWISE), "data", "build", str(recipe), "--out", str(tmp_path / "never")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert re.search(r"Starved: corpus build: no scanning task finished in \d+ s .*no_progress_s=3", run.stderr)
     assert time.monotonic() - started < 60
 
 
 def test_a_sigkilled_driver_is_resumed_redoing_only_unfinished_units(corpus, corpus_tokenizer, tmp_path, in_process):
-    recipe = corpus.base / "recipe.yaml"  # next to the inputs: the same paths as the in-process build's
-    recipe.write_text(yaml.safe_dump({
-        "name": "corpus-kill", "workdir": str(tmp_path / "runs"), "tokenizer": {"path": str(corpus_tokenizer)},
-        "data": {"validation_fraction": 0.1, "sources": [s.model_dump(exclude_defaults=True) for s in corpus.sources],
-                 "build": {"shard_mb": SHARD_MB, "executor": "ray", "ray": {"workers": 2}}}, "seed": 7}))
+    recipe = recipe_for(corpus, corpus_tokenizer, tmp_path, ray={"workers": 2})
     out = tmp_path / "killed"
     cmd = [str(STAGEWISE), "data", "build", str(recipe), "--out", str(out), "--json"]
-    driver = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # its own session: Ray makes the driver the leader of a process group that its local cluster joins
+    driver = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     done = out / ".work" / "done"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and len(list(done.glob("*.json")) if done.is_dir() else []) < 3:
@@ -110,11 +113,17 @@ def test_a_sigkilled_driver_is_resumed_redoing_only_unfinished_units(corpus, cor
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     time.sleep(2)  # tasks in flight may still finish and write their units (atomically)
+    # then what is left of its cluster goes too, so no unit is written after they are counted
+    gone = time.monotonic() + 60
+    with contextlib.suppress(ProcessLookupError):
+        while time.monotonic() < gone:
+            os.killpg(driver.pid, signal.SIGKILL)  # raises once the group is empty
+            time.sleep(0.2)
     finished = len(list(done.glob("*.json")))
     assert not (out / "corpus.json").exists()
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
     report = json.loads(rerun.stdout)["report"]
-    assert report["units_written_before"] == finished >= 3
-    assert report["units_written_now"] == report["units"] - finished > 0
+    assert report["units_written_before"] == finished >= 3, (finished, report)
+    assert report["units_written_now"] == report["units"] - finished > 0, (finished, report)
     assert outputs(out) == in_process
