@@ -64,7 +64,8 @@ class SourceConfig(StrictConfig):
     """Name used by blends, logs and metrics."""
     path: str
     """File, directory or glob (`web/part-*.jsonl`, `crawl/**/*.parquet`: the matches in sorted order, each read
-    as `format` or as its suffix says) to read; `@world/<name>.jsonl` for the demo world. A directory: txt files,
+    as `format` or as its suffix says) to read; `@world/<name>.jsonl` for the demo world; a URL of a JSONL or
+    parquet file or glob (`s3://bucket/web/*.jsonl`), read through fsspec by `stagewise data build` only. A directory: txt files,
     or row files as teams keep them: a Hugging Face Hub shard folder (`data/train-00000-of-00002.parquet`,
     `train.jsonl`, `test/...`) or a `datasets` save_to_disk directory (data/row_files.py)."""
     format: Literal["jsonl", "parquet", "arrow", "txt"] | None = None

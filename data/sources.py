@@ -18,6 +18,7 @@ from pathlib import Path
 
 from stagewise.data.config import WORLD_PREFIX, SourceConfig
 from stagewise.data.row_files import FORMATS, RowFile, RowFileError, read_file, row_files
+from stagewise.data.urls import is_url
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,11 @@ def _on_bad(src: SourceConfig, bad_lines: dict[str, int] | None) -> OnBad:
 
 def resolve_path(path: str, base_dir: str | Path, world_dir: str | Path | None) -> Path:
     """`@world/x` -> world_dir/x; a relative path -> base_dir/path (the recipe's directory); absolute
-    paths unchanged. The one way every stage resolves a path the recipe names."""
+    paths unchanged. The one way every stage resolves a path the recipe names. A URL (`s3://...`) is refused:
+    only the corpus build reads sources by URL (data/urls.py)."""
+    if is_url(path):
+        raise SourceError(f"{path}: a URL; only `stagewise data build` reads sources by URL (through fsspec): "
+                          "copy it to a local or shared filesystem for this step")
     if path.startswith(WORLD_PREFIX):
         if not world_dir:
             raise SourceError(f"{path}: an {WORLD_PREFIX} path needs the demo world (set data.world)")

@@ -17,13 +17,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pyarrow.parquet as pq
 
 from stagewise.data.config import SourceConfig
 from stagewise.data.errors import BadInput
+from stagewise.data.row_files import FORMATS
 from stagewise.data.sources import is_glob, resolve_path, source_files, source_row_files
+from stagewise.data.urls import is_url, open_input, url_files, url_size
 
 PLAN = "plan.json"
 PLAN_FORMAT = 1
@@ -53,18 +55,38 @@ class WorkUnit:
         return f"part-{self.id:05d}"
 
 
-def _files(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> list[tuple[Path, str]]:
-    """(file, format) of a source in reading order."""
+def _files(src: SourceConfig, base_dir: Path, world_dir: Path | None) -> list[tuple[Path | str, str]]:
+    """(file, format) of a source in reading order; a URL source's files as URLs (data/urls.py)."""
+    if is_url(src.path):
+        return _url_files(src)
     if src.format == "txt":
         whole = is_glob(src.path) or resolve_path(src.path, base_dir, world_dir).is_dir()
         return [(p, "txt-whole" if whole else "txt") for p in source_files(src, base_dir, world_dir)]
     return [(f.path, f.format) for f in source_row_files(src, base_dir, world_dir)]
 
 
-def _parquet_ranges(path: Path, shard_bytes: int) -> list[tuple[int, int, int]]:
+def _url_files(src: SourceConfig) -> list[tuple[str, str]]:
+    """A URL source's files: JSONL and parquet (cut into units by byte range and row group, read with seeks)."""
+    found = []
+    for url in url_files(src.path):
+        fmt = src.format or FORMATS.get(PurePosixPath(url.split("?", 1)[0]).suffix)
+        if fmt not in ("jsonl", "parquet"):
+            raise BadInput(f"source {src.name!r}: {url}: a URL source reads JSONL and parquet files"
+                           f"{'' if fmt else ' (set `format` where the suffix does not say)'}; "
+                           f"copy {fmt or 'other'} files to a local or shared filesystem")
+        found.append((url, fmt))
+    if not found:
+        raise BadInput(f"source {src.name!r}: no files match {src.path}")
+    return found
+
+
+def _parquet_ranges(path: Path | str, shard_bytes: int) -> list[tuple[int, int, int]]:
     """(first row group, end row group, bytes) runs of about shard_bytes."""
     try:
-        meta = pq.ParquetFile(path).metadata
+        with open_input(str(path)) as f:
+            meta = pq.ParquetFile(f).metadata
+    except BadInput:
+        raise
     except Exception as e:  # pyarrow raises several types for a bad file
         raise BadInput(f"{path}: not a readable parquet file ({e})") from None
     ranges, first, size = [], 0, 0
@@ -84,7 +106,7 @@ def make_plan(sources: list[SourceConfig], base_dir: Path, world_dir: Path | Non
     files = []
     for src in sources:
         for path, fmt in _files(src, base_dir, world_dir):
-            size = path.stat().st_size
+            size = url_size(path) if isinstance(path, str) else path.stat().st_size
             files.append([str(path), size])
             common = {"source": src.name, "file": str(path), "text_field": src.text_field,
                       "on_bad_line": src.on_bad_line}

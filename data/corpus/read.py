@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from stagewise.data.corpus.plan import WorkUnit
 from stagewise.data.row_files import FORMATS, RowFile
 from stagewise.data.sources import SourceError, read_texts, read_txt
+from stagewise.data.urls import open_input
 
 
 class UnitReader:
@@ -46,7 +47,7 @@ class UnitReader:
 
     def _jsonl(self) -> Iterator[str]:
         u, field = self.unit, self.unit.text_field
-        with open(u.file, "rb") as f:
+        with open_input(u.file) as f:
             if u.start > 0:
                 f.seek(u.start - 1)
                 f.readline()  # the line that began before this unit (or just its newline)
@@ -78,7 +79,8 @@ class UnitReader:
     def _parquet(self) -> Iterator[str]:
         u = self.unit
         try:
-            table = pq.ParquetFile(u.file).read_row_groups(list(range(u.start, u.end)), columns=[u.text_field])
+            with open_input(u.file) as f:
+                table = pq.ParquetFile(f).read_row_groups(list(range(u.start, u.end)), columns=[u.text_field])
         except Exception as e:  # a missing column, a corrupt row group
             raise SourceError(f"{u.file}: row groups {u.start}-{u.end - 1}: unreadable ({e})") from None
         for value in table.column(0).to_pylist():
@@ -93,7 +95,7 @@ class UnitReader:
 def _line_at(path: str, offset: int) -> int:
     """1-based line number of a byte offset (read only when a bad line must be cited)."""
     n = 1
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         left = offset
         while left > 0:
             block = f.read(min(left, 1 << 20))
