@@ -76,7 +76,8 @@ def data_build(
     tasks on a local cluster started for the build (or the one at data.build.ray.address), and both
     write byte-identical shards and corpus.json. Each unit is written atomically; after a crash the
     same command redoes only the units that had not finished. Megatron-Bridge reads the prefixes in
-    corpus.json as they are (no conversion).
+    corpus.json as they are (no conversion). A source may be a local path or an fsspec URL of JSONL or
+    parquet files (s3://bucket/web/*.jsonl, where s3fs is installed): each worker reads its units itself.
 
     \b
     Examples:
