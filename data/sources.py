@@ -13,12 +13,12 @@ name -> lines dropped), logging the first few.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stagewise.data.config import WORLD_PREFIX, SourceConfig
 from stagewise.data.row_files import FORMATS, RowFile, RowFileError, read_file, row_files
-from stagewise.data.urls import is_url
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,14 @@ def resolve_path(path: str, base_dir: str | Path, world_dir: str | Path | None) 
 
 
 GLOB_CHARS = frozenset("*?[")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path: str) -> bool:
+    """A path with a protocol (`s3://...`, `file:///...`): read through fsspec by the corpus build
+    (data/urls.py), never as a local path."""
+    return bool(_URL.match(path))
+
 
 
 def is_glob(path: str) -> bool:

@@ -10,17 +10,12 @@ a shell. A protocol fsspec does not know, or whose library is missing, is refuse
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import IO, Any
 
 from stagewise.data.errors import BadInput
-
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def is_url(path: str) -> bool:
-    """A path with a protocol (`s3://...`, `file:///...`): read through fsspec, not as a local path."""
-    return bool(_URL.match(path))
+from stagewise.data.sources import is_glob, is_url
 
 
 def url_filesystem(url: str) -> tuple[Any, str]:
@@ -40,9 +35,10 @@ def url_filesystem(url: str) -> tuple[Any, str]:
 
 
 def url_files(url: str) -> list[str]:
-    """The files a URL names: itself, or a glob's matches as URLs in sorted order (hidden names skipped)."""
+    """The files a URL names: itself, or a glob's matches as URLs in sorted order; names starting with `.`
+    below the glob's first wildcard are skipped, as in a local glob (data/sources.py)."""
     fs, path = url_filesystem(url)
-    if not any(c in "*?[" for c in path):
+    if not is_glob(path):
         try:
             if fs.isfile(path):
                 return [url]
@@ -53,8 +49,10 @@ def url_files(url: str) -> list[str]:
         found = sorted(fs.glob(path))
     except OSError as e:
         raise BadInput(f"{url}: cannot list it ({e})") from None
+    root = path.split("/")
+    depth = next(i for i, part in enumerate(root) if is_glob(part))  # parts above the first wildcard
     return [fs.unstrip_protocol(p) if "://" not in p else p for p in found
-            if not any(part.startswith(".") for part in p.split("/")[-1:])]
+            if not any(part.startswith(".") for part in p.split("/")[depth:])]
 
 
 def url_size(url: str) -> int:
@@ -64,6 +62,17 @@ def url_size(url: str) -> int:
         return int(fs.size(path))
     except (OSError, TypeError) as e:
         raise BadInput(f"{url}: cannot tell its size ({e})") from None
+
+
+@contextmanager
+def native_or_url(file: str) -> Iterator[str | IO[bytes]]:
+    """What pyarrow opens: a local path as it is (pyarrow's own reader, no Python file in between on the hot
+    path), or a URL's seekable fsspec file, closed afterwards."""
+    if not is_url(file):
+        yield file
+        return
+    with open_input(file) as f:
+        yield f
 
 
 def open_input(file: str) -> IO[bytes]:

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 from stagewise.data.config import SourceConfig
 from stagewise.data.errors import BadInput
 from stagewise.data.row_files import FORMATS
-from stagewise.data.sources import is_glob, resolve_path, source_files, source_row_files
-from stagewise.data.urls import is_url, open_input, url_files, url_size
+from stagewise.data.sources import is_glob, is_url, resolve_path, source_files, source_row_files
+from stagewise.data.urls import native_or_url, url_files, url_size
 
 PLAN = "plan.json"
 PLAN_FORMAT = 1
@@ -83,7 +83,7 @@ def _url_files(src: SourceConfig) -> list[tuple[str, str]]:
 def _parquet_ranges(path: Path | str, shard_bytes: int) -> list[tuple[int, int, int]]:
     """(first row group, end row group, bytes) runs of about shard_bytes."""
     try:
-        with open_input(str(path)) as f:
+        with native_or_url(str(path)) as f:
             meta = pq.ParquetFile(f).metadata
     except BadInput:
         raise
@@ -106,7 +106,7 @@ def make_plan(sources: list[SourceConfig], base_dir: Path, world_dir: Path | Non
     files = []
     for src in sources:
         for path, fmt in _files(src, base_dir, world_dir):
-            size = url_size(path) if isinstance(path, str) else path.stat().st_size
+            size = url_size(path) if is_url(str(path)) else Path(path).stat().st_size
             files.append([str(path), size])
             common = {"source": src.name, "file": str(path), "text_field": src.text_field,
                       "on_bad_line": src.on_bad_line}

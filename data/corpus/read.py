@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from stagewise.data.corpus.plan import WorkUnit
 from stagewise.data.row_files import FORMATS, RowFile
 from stagewise.data.sources import SourceError, read_texts, read_txt
-from stagewise.data.urls import open_input
+from stagewise.data.urls import native_or_url, open_input
 
 
 class UnitReader:
@@ -79,7 +79,7 @@ class UnitReader:
     def _parquet(self) -> Iterator[str]:
         u = self.unit
         try:
-            with open_input(u.file) as f:
+            with native_or_url(u.file) as f:
                 table = pq.ParquetFile(f).read_row_groups(list(range(u.start, u.end)), columns=[u.text_field])
         except Exception as e:  # a missing column, a corrupt row group
             raise SourceError(f"{u.file}: row groups {u.start}-{u.end - 1}: unreadable ({e})") from None

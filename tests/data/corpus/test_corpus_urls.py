@@ -82,6 +82,7 @@ def local(corpus, corpus_tokenizer, tmp_path):
 
 def test_http_urls_write_the_shards_local_paths_write(corpus, corpus_tokenizer, tmp_path, served, local):
     out = tmp_path / "http"
+    (corpus.base / "web" / ".part-tmp.jsonl").write_text('{"text": "a half-copied file"}\n')  # hidden: skipped
     result = build(url_sources(served), corpus.base, corpus_tokenizer, out)
     plan = json.loads((out / "plan.json").read_text())
     assert [f for f, _ in plan["files"]] == [f"{served}/web/part-{i:03d}.jsonl" for i in range(4)] + [
@@ -99,7 +100,9 @@ def test_http_urls_write_the_shards_local_paths_write(corpus, corpus_tokenizer, 
 def test_file_urls_write_the_shards_local_paths_write(corpus, corpus_tokenizer, tmp_path, local):
     base = corpus.base.resolve().as_uri()
     out = tmp_path / "file"
+    (corpus.base / "web" / ".part-tmp.jsonl").write_text('{"text": "a half-copied file"}\n')  # fsspec globs it; skipped
     build(url_sources(base), corpus.base, corpus_tokenizer, out)
+    assert ".part-tmp" not in (out / "plan.json").read_text()
     assert shards(out) == shards(local) and counts(out) == counts(local)
 
 
